@@ -1,0 +1,114 @@
+"""``python -m pipelines <command>``: run one stage, render manifests, or make sample data.
+
+A stage prints its JSON result as the last line of standard output and exits 0; on failure it
+prints ``ERROR: <cause>`` to standard error and exits non-zero.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import logging
+import sys
+import time
+
+from pipelines.errors import StageError
+from pipelines.rundir import RunDir, write_json
+from pipelines.spec import SpecError, load_spec
+from pipelines.stages import STAGE_DIRS, STAGES, StageContext, resolve
+
+log = logging.getLogger("pipelines")
+
+
+def _datetime(value: str) -> dt.datetime:
+    try:
+        return dt.datetime.fromisoformat(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an ISO date-time: {value!r}") from None
+
+
+def _stage_parser(sub: argparse._SubParsersAction, name: str) -> None:
+    p = sub.add_parser(name, help=f"run the {name} stage")
+    p.add_argument("--spec", required=True, help="job spec: YAML/JSON file or inline JSON")
+    p.add_argument("--run-dir", help="run directory (default: <artifact_root>/<dag_id>/<run_id>)")
+    p.add_argument("--dag-id", default="cli", help="Airflow DAG id, or any name (default: %(default)s)")
+    p.add_argument("--run-id", default="manual", help="Airflow run id, or any name (default: %(default)s)")
+    p.add_argument("--try-number", type=int, default=1, help="Airflow try number (default: %(default)s)")
+    p.add_argument("--data-interval-start", type=_datetime, help="start of the run's data interval")
+    p.add_argument("--data-interval-end", type=_datetime, help="end of the run's data interval")
+    p.add_argument("--fresh", action="store_true", help="recompute even if a result for the same inputs exists")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m pipelines", description=__doc__.splitlines()[0])
+    parser.add_argument("-v", "--verbose", action="store_true")
+    sub = parser.add_subparsers(dest="command", required=True)
+    for name in STAGES:
+        _stage_parser(sub, name)
+    g = sub.add_parser("generate-data", help="write the sample shapes dataset as day-partitioned Parquet")
+    g.add_argument("--out", required=True, help="output folder")
+    g.add_argument("--rows-per-day", type=int, default=2000, help="rows in each day's partition (default: %(default)s)")
+    g.add_argument("--days", type=int, default=3, help="number of daily partitions (default: %(default)s)")
+    g.add_argument("--start", default="2026-01-01", help="first day YYYY-MM-DD (default: %(default)s)")
+    g.add_argument("--seed", type=int, default=0, help="random seed (default: %(default)s)")
+    r = sub.add_parser("render", help="write the Kubernetes manifests a job would create, without a cluster")
+    r.add_argument("--spec", required=True)
+    r.add_argument("--pool", help="pool file (default: the spec's)")
+    r.add_argument("--plan", help="plan.json from the estimate stage (default: one rank per device in the pool)")
+    r.add_argument("--out", required=True, help="folder for the YAML manifests")
+    r.add_argument("--dag-id", default="cli")
+    r.add_argument("--run-id", default="manual")
+    return parser
+
+
+def run_stage(args: argparse.Namespace) -> dict:
+    spec = load_spec(args.spec)
+    ctx = StageContext(
+        dag_id=args.dag_id,
+        run_id=args.run_id,
+        try_number=args.try_number,
+        data_interval_start=args.data_interval_start,
+        data_interval_end=args.data_interval_end,
+        fresh=args.fresh,
+    )
+    run_dir = RunDir(args.run_dir) if args.run_dir else RunDir.for_run(spec.artifact_root, ctx.dag_id, ctx.run_id)
+    run_dir.root.mkdir(parents=True, exist_ok=True)
+    write_json(run_dir.root / "spec.json", json.loads(spec.to_json()))
+    func = resolve(args.command)
+    started = time.time()
+    result = func(spec, run_dir, ctx)
+    result.setdefault("stage", args.command)
+    result.setdefault("run_dir", str(run_dir))
+    result.setdefault("seconds", round(time.time() - started, 3))
+    write_json(run_dir.result_path(STAGE_DIRS[args.command]), result)
+    return result
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(
+        level=logging.DEBUG if args.verbose else logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+    try:
+        if args.command == "generate-data":
+            from pipelines.data.sample import generate
+
+            result = generate(args.out, rows_per_day=args.rows_per_day, days=args.days, start=args.start, seed=args.seed)
+        elif args.command == "render":
+            from pipelines.launch.render import render_cli
+
+            result = render_cli(args)
+        else:
+            result = run_stage(args)
+    except (SpecError, StageError, FileNotFoundError, ValueError) as e:
+        print(f"ERROR: {e}", file=sys.stderr, flush=True)
+        return 2
+    print(json.dumps(result, sort_keys=True, default=str), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

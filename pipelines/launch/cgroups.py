@@ -1,0 +1,128 @@
+"""Make a local "device": pin a process to CPU cores and cap it with a CFS CPU quota.
+
+A quota of 0.4 CPU is exactly what a Kubernetes pod with ``limits.cpu: 400m`` gets: the kernel
+throttles the group to 40 ms of CPU time per 100 ms period.  cgroup v1 (``cpu.cfs_quota_us``) and
+v2 (``cpu.max``) are supported.  Where cgroups cannot be written (no root, read-only mount), the
+process is only pinned with affinity and a warning says that its speed is not limited.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+CGROUP_ROOT = Path(os.environ.get("HETERO_CGROUP_ROOT", "/sys/fs/cgroup"))
+PERIOD_US = 100_000
+GROUP_PREFIX = "hetero-pipelines"
+
+
+class CpuLimiter:
+    """Creates one cgroup per rank under a job group, and removes them at :meth:`cleanup`."""
+
+    def __init__(self, job: str, root: Path = CGROUP_ROOT):
+        self.job = job
+        self.root = root
+        self.version, self.base = self._detect(root)
+        self.groups: list[Path] = []
+        self.warning: str | None = None
+
+    @staticmethod
+    def _detect(root: Path) -> tuple[int | None, Path | None]:
+        if (root / "cpu" / "cpu.cfs_quota_us").exists():
+            return 1, root / "cpu"
+        if (root / "cpu.cfs_quota_us").exists():  # v1 cpu controller mounted at the root
+            return 1, root
+        if (root / "cgroup.controllers").exists():
+            return 2, root
+        if (root / "unified" / "cgroup.controllers").exists() and "cpu" in (root / "unified" / "cgroup.controllers").read_text():
+            return 2, root / "unified"
+        return None, None
+
+    @property
+    def available(self) -> bool:
+        return self.base is not None
+
+    def limit(self, pid: int, name: str, cpu_share: float, cpus: list[int] | None = None) -> bool:
+        """Pin ``pid`` to ``cpus`` and cap it at ``cpu_share`` CPUs.  True if the quota is enforced."""
+        if cpus:
+            try:
+                os.sched_setaffinity(pid, set(cpus))
+            except OSError as e:
+                log.warning("cannot pin pid %s to cores %s: %s", pid, cpus, e)
+        if self.base is None:
+            self._warn(f"no writable cpu cgroup controller under {self.root}")
+            return False
+        group = self.base / GROUP_PREFIX / self.job / name
+        quota = max(1000, int(round(cpu_share * PERIOD_US)))
+        try:
+            if self.version == 2:
+                self._enable_v2_cpu(group)
+            group.mkdir(parents=True, exist_ok=True)
+            if self.version == 1:
+                (group / "cpu.cfs_period_us").write_text(str(PERIOD_US))
+                (group / "cpu.cfs_quota_us").write_text(str(quota))
+            else:
+                (group / "cpu.max").write_text(f"{quota} {PERIOD_US}")
+            (group / "cgroup.procs").write_text(str(pid))
+        except OSError as e:
+            self._warn(f"cannot write cgroup {group}: {e}")
+            return False
+        self.groups.append(group)
+        return True
+
+    def set_share(self, name: str, cpu_share: float) -> None:
+        """Change a running rank's quota (used to show re-balancing)."""
+        group = self.base / GROUP_PREFIX / self.job / name
+        quota = max(1000, int(round(cpu_share * PERIOD_US)))
+        if self.version == 1:
+            (group / "cpu.cfs_quota_us").write_text(str(quota))
+        else:
+            (group / "cpu.max").write_text(f"{quota} {PERIOD_US}")
+
+    def _enable_v2_cpu(self, group: Path) -> None:
+        # In v2 a controller must be enabled in every ancestor's cgroup.subtree_control.
+        parent = self.base
+        for part in group.relative_to(self.base).parts:
+            control = parent / "cgroup.subtree_control"
+            if control.exists() and "cpu" not in control.read_text().split():
+                control.write_text("+cpu")
+            parent = parent / part
+            parent.mkdir(exist_ok=True)
+
+    def _warn(self, why: str) -> None:
+        if self.warning is None:
+            self.warning = (
+                f"CPU quotas are NOT enforced ({why}); ranks are pinned with affinity only, so "
+                "'slow' devices run at full speed. Run as root with a writable cgroup cpu controller "
+                "for real slow devices."
+            )
+            log.warning(self.warning)
+
+    def cleanup(self) -> None:
+        """Move nothing, just remove the (now empty) groups of this job."""
+        for group in reversed(self.groups):
+            try:
+                group.rmdir()
+            except OSError:
+                pass
+        if self.base is not None:
+            job_dir = self.base / GROUP_PREFIX / self.job
+            try:
+                job_dir.rmdir()
+            except OSError:
+                pass
+        self.groups.clear()
+
+
+def threads_for(cpu_share: float, cpus: list[int] | None) -> int:
+    """TensorFlow threads for a rank: the quota rounded up, at most the pinned cores."""
+    import math
+
+    n = max(1, math.ceil(cpu_share - 1e-9))
+    if cpus:
+        n = min(n, len(cpus))
+    return n
+

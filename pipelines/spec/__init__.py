@@ -1,0 +1,345 @@
+"""The one typed job specification, the device pool, and the JSON schema the UI form uses.
+
+Everything a run needs is in a :class:`JobSpec`; it is validated once, up front, and unknown
+fields or wrong types are rejected with the field's dotted path in the message.  The pool file
+describing device types is a :class:`PoolSpec`.
+
+Only pydantic and PyYAML are imported here: the Airflow environment imports this module while
+parsing DAG files.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import math
+import os
+import re
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+__all__ = [
+    "SpecError",
+    "JobSpec",
+    "ModelSpec",
+    "DatasetSpec",
+    "PartitionFilter",
+    "TrainingSpec",
+    "KubernetesSpec",
+    "PoolSpec",
+    "DeviceType",
+    "LocalDevice",
+    "KubernetesDevice",
+    "load_spec",
+    "load_pool",
+    "job_schema",
+    "format_validation_error",
+]
+
+MODEL_REF = re.compile(r"^[A-Za-z_][\w.]*(:[A-Za-z_]\w*)?$")
+NAME = re.compile(r"^[a-z0-9]([a-z0-9-]{0,38}[a-z0-9])?$")
+
+
+class SpecError(ValueError):
+    """A job spec or pool file that cannot be used; the message names the file and field."""
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_default=True, frozen=False)
+
+
+class ModelSpec(_Strict):
+    """Which model to train: a named example or a user's build function."""
+
+    name: str = Field(
+        "small_cnn",
+        description='A named example model ("small_cnn", "tiny_mlp") or "package.module:build_function".',
+    )
+    kwargs: dict[str, Any] = Field(
+        default_factory=dict, description="Keyword arguments passed to the build function."
+    )
+
+    @field_validator("name")
+    @classmethod
+    def _ref(cls, v: str) -> str:
+        if not MODEL_REF.match(v):
+            raise ValueError(f'{v!r} is neither an example name nor "package.module:build_function"')
+        return v
+
+
+class PartitionFilter(_Strict):
+    """Select hive partitions ``<column>=YYYY-MM-DD`` with start <= day < end (end exclusive)."""
+
+    start: dt.date | None = Field(None, description="First day included (YYYY-MM-DD).")
+    end: dt.date | None = Field(None, description="First day excluded (YYYY-MM-DD).")
+
+    @model_validator(mode="after")
+    def _order(self) -> PartitionFilter:
+        if self.start and self.end and self.end <= self.start:
+            raise ValueError(f"end {self.end} must be after start {self.start}")
+        return self
+
+
+class DatasetSpec(_Strict):
+    """Where the Parquet data is and what its columns mean."""
+
+    uri: str = Field(
+        description="Parquet file, folder or hive-partitioned dataset: a local path, file://, s3://, gs:// or hdfs:// URI."
+    )
+    feature_column: str = Field("image", description="Column holding each example's features (list of floats).")
+    label_column: str = Field("label", description="Column holding the integer class label.")
+    feature_shape: list[Annotated[int, Field(ge=1)]] = Field(
+        default_factory=lambda: [28, 28, 1], min_length=1, description="Shape of one example's features."
+    )
+    num_classes: int = Field(10, ge=2, description="Labels must be in 0 .. num_classes-1.")
+    partition_column: str = Field("dt", description="Hive partition column holding a date (YYYY-MM-DD).")
+    partition_filter: PartitionFilter | None = Field(
+        None, description="Explicit day range; when absent, scheduled runs use their data interval."
+    )
+    use_data_interval: bool = Field(
+        False, description="Train only on partitions inside the run's data interval (scheduled runs, backfills)."
+    )
+    holdout_fraction: float = Field(0.1, gt=0, lt=0.5, description="Share of rows held out for evaluation.")
+
+    @property
+    def feature_size(self) -> int:
+        return math.prod(self.feature_shape)
+
+
+class TrainingSpec(_Strict):
+    """How to train."""
+
+    epochs: int = Field(3, ge=1, le=10_000, description="Passes over the training rows.")
+    global_batch: int | Literal["auto"] = Field(
+        "auto", description='Samples per synchronous step across all ranks, or "auto" to let the planner choose.'
+    )
+    learning_rate: float | Literal["auto"] = Field(
+        "auto", description='Learning rate at the global batch, or "auto" to run the range test.'
+    )
+    reference_batch: int = Field(
+        64, ge=1, description="Batch at which a given learning rate applies; scaled linearly to the global batch."
+    )
+    warmup_epochs: float = Field(0.5, ge=0, description="Linear learning-rate warm-up, in epochs.")
+    optimizer: Literal["sgd", "adam"] = Field("sgd", description="sgd (with momentum 0.9) or adam.")
+    seed: int = Field(42, description="Seed for shuffling, initialisation and the held-out split.")
+    checkpoint_every_steps: int = Field(200, ge=1, description="Rank 0 saves a checkpoint this often (and at each epoch end).")
+    rebalance_every_steps: int = Field(
+        0, ge=0, description="Re-allocate batches every K steps when speeds drift (0: at epoch boundaries only)."
+    )
+    rebalance_threshold: float = Field(
+        0.10, gt=0, lt=1, description="Re-balance when a rank's measured share drifts by more than this fraction."
+    )
+
+    @field_validator("global_batch")
+    @classmethod
+    def _gb(cls, v: int | str) -> int | str:
+        if isinstance(v, int) and v < 1:
+            raise ValueError("must be >= 1 or 'auto'")
+        return v
+
+    @field_validator("learning_rate")
+    @classmethod
+    def _lr(cls, v: float | str) -> float | str:
+        if isinstance(v, float | int) and not (0 < v < 10):
+            raise ValueError("must be in (0, 10) or 'auto'")
+        return v
+
+
+class KubernetesSpec(_Strict):
+    """Where and how pods run when ``launcher`` is ``kubernetes``."""
+
+    namespace: str = Field("default", description="Namespace for the job's pods and service.")
+    image: str = Field("hetero-pipelines-trainer:0.1.0", description="Trainer image (entrypoint python -m pipelines).")
+    image_pull_policy: Literal["Always", "IfNotPresent", "Never"] = "IfNotPresent"
+    kubernetes_conn_id: str = Field("kubernetes_default", description="Airflow connection to the cluster.")
+    service_account_name: str | None = Field(None, description="Service account for the pods (token mounted only if set).")
+    artifact_volume_claim: str | None = Field(
+        None, description="PersistentVolumeClaim (ReadWriteMany) mounted at artifact_root in every pod."
+    )
+    secret_name: str | None = Field(None, description="Secret whose keys become environment variables (envFrom).")
+    pod_template_file: str | None = Field(None, description="Optional pod template merged under every pod.")
+    scheduling_timeout_s: int = Field(600, ge=10, description="How long all ranks may wait to be scheduled.")
+    image_pull_timeout_s: int = Field(900, ge=10, description="How long image pulls may take once scheduled.")
+    keep_failed_pods: bool = Field(False, description="Leave failed pods for inspection instead of deleting them.")
+    kueue_queue: str | None = Field(None, description="Kueue LocalQueue name for gang admission, if the cluster has Kueue.")
+
+
+class JobSpec(_Strict):
+    """A whole training job: model, data, training settings, goal, devices and where results go."""
+
+    model: ModelSpec = Field(default_factory=ModelSpec)
+    dataset: DatasetSpec
+    training: TrainingSpec = Field(default_factory=TrainingSpec)
+    deadline_minutes: float | None = Field(
+        None, gt=0, description="Training must finish within this many minutes; None for no deadline."
+    )
+    objective: Literal["energy", "cost", "time"] = Field(
+        "time", description="What the planner minimises among plans that meet the deadline."
+    )
+    pool: str = Field("examples/pool-local.yaml", description="Pool file describing the device types (YAML).")
+    launcher: Literal["local", "kubernetes"] = Field("local", description="Run ranks as local processes or as pods.")
+    artifact_root: str = Field("artifacts", description="Run directories go under <artifact_root>/<dag_id>/<run_id>/.")
+    allowed_roots: list[str] = Field(
+        default_factory=list,
+        description="If set, dataset and artifact paths must lie under one of these roots (paths or URI prefixes).",
+    )
+    kubernetes: KubernetesSpec = Field(default_factory=KubernetesSpec)
+
+    @model_validator(mode="after")
+    def _roots(self) -> JobSpec:
+        if self.allowed_roots:
+            for field, value in (("dataset.uri", self.dataset.uri), ("artifact_root", self.artifact_root)):
+                if not _under_any(value, self.allowed_roots):
+                    raise ValueError(f"{field} {value!r} is outside the allowed roots {self.allowed_roots}")
+        return self
+
+    def to_json(self) -> str:
+        return self.model_dump_json()
+
+
+def _under_any(value: str, roots: list[str]) -> bool:
+    if "://" in value and not value.startswith("file://"):
+        return any(value.rstrip("/") + "/" == r.rstrip("/") + "/" or value.startswith(r.rstrip("/") + "/") for r in roots)
+    path = Path(value.removeprefix("file://")).resolve()
+    for r in roots:
+        if "://" in r and not r.startswith("file://"):
+            continue
+        root = Path(r.removeprefix("file://")).resolve()
+        if path == root or root in path.parents:
+            return True
+    return False
+
+
+# --------------------------------------------------------------------------------------- pool
+
+
+class LocalDevice(_Strict):
+    """How a device of this type is made on one machine: CPU cores and a CFS quota share."""
+
+    cpus: list[Annotated[int, Field(ge=0)]] = Field(
+        default_factory=list, description="CPU cores the rank is pinned to (empty: any)."
+    )
+    cpu_share: float = Field(1.0, gt=0, le=64, description="CPU quota in cores (0.4 = 40% of one core).")
+
+
+class KubernetesDevice(_Strict):
+    """How a device of this type is requested from Kubernetes."""
+
+    resources: dict[str, str] = Field(
+        default_factory=lambda: {"cpu": "1", "memory": "2Gi"},
+        description='Requests (= limits), e.g. {"cpu": "8", "memory": "32Gi", "nvidia.com/gpu": "1"}.',
+    )
+    node_selector: dict[str, str] = Field(default_factory=dict)
+    tolerations: list[dict[str, Any]] = Field(default_factory=list)
+    affinity: dict[str, Any] = Field(default_factory=dict)
+
+
+class DeviceType(_Strict):
+    name: str = Field(description="Lower-case name (a DNS label), e.g. a100, t4, fast.")
+    count: int = Field(ge=1, description="How many devices of this type the pool has.")
+    memory_gb: float = Field(gt=0, description="Memory per device available to a rank.")
+    power_watts: float = Field(gt=0, description="Power drawn while training, for the energy objective.")
+    cost_per_hour: float = Field(ge=0, description="Price per device-hour, for the cost objective.")
+    local: LocalDevice = Field(default_factory=LocalDevice)
+    kubernetes: KubernetesDevice = Field(default_factory=KubernetesDevice)
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, v: str) -> str:
+        if not NAME.match(v):
+            raise ValueError(f"{v!r} must be a lower-case DNS label (a-z, 0-9, '-')")
+        return v
+
+
+class PoolSpec(_Strict):
+    device_types: list[DeviceType] = Field(min_length=1)
+
+    @model_validator(mode="after")
+    def _unique(self) -> PoolSpec:
+        names = [d.name for d in self.device_types]
+        dupes = sorted({n for n in names if names.count(n) > 1})
+        if dupes:
+            raise ValueError(f"device type names must be unique, repeated: {dupes}")
+        return self
+
+    def get(self, name: str) -> DeviceType:
+        for d in self.device_types:
+            if d.name == name:
+                return d
+        raise SpecError(f"device type {name!r} is not in the pool (have {[d.name for d in self.device_types]})")
+
+
+# ------------------------------------------------------------------------------------ loading
+
+
+def format_validation_error(err: ValidationError, source: str) -> str:
+    lines = [f"{source}: {err.error_count()} invalid field(s)"]
+    for e in err.errors():
+        path = ".".join(str(p) for p in e["loc"]) or "<root>"
+        msg = e["msg"]
+        if e["type"] == "extra_forbidden":
+            msg = "unknown field"
+        lines.append(f"  {path}: {msg} (got {e.get('input')!r})" if e["type"] != "missing" else f"  {path}: required field missing")
+    return "\n".join(lines)
+
+
+def _read_document(source: str | os.PathLike | dict) -> tuple[dict, str]:
+    if isinstance(source, dict):
+        return source, "job spec"
+    text = str(source)
+    if text.lstrip().startswith("{"):
+        try:
+            return json.loads(text), "job spec (inline JSON)"
+        except json.JSONDecodeError as e:
+            raise SpecError(f"job spec (inline JSON): not valid JSON: {e}") from None
+    path = Path(text)
+    if not path.is_file():
+        raise SpecError(f"{path}: file not found")
+    import yaml
+
+    try:
+        doc = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as e:
+        raise SpecError(f"{path}: not valid YAML/JSON: {e}") from None
+    if not isinstance(doc, dict):
+        raise SpecError(f"{path}: expected a mapping at the top level, got {type(doc).__name__}")
+    return doc, str(path)
+
+
+def load_spec(source: str | os.PathLike | dict) -> JobSpec:
+    """Load and validate a job spec from a dict, inline JSON, or a YAML/JSON file."""
+    doc, where = _read_document(source)
+    try:
+        return JobSpec.model_validate(doc)
+    except ValidationError as e:
+        raise SpecError(format_validation_error(e, where)) from None
+
+
+def load_pool(path: str | os.PathLike) -> PoolSpec:
+    """Load and validate a pool file (YAML)."""
+    doc, where = _read_document(path)
+    try:
+        return PoolSpec.model_validate(doc)
+    except ValidationError as e:
+        raise SpecError(format_validation_error(e, where)) from None
+
+
+def job_schema() -> dict:
+    """The JSON schema of a job spec with every ``$ref`` inlined (Airflow Params cannot follow refs)."""
+    schema = JobSpec.model_json_schema()
+    defs = schema.pop("$defs", {})
+
+    def inline(node: Any) -> Any:
+        if isinstance(node, dict):
+            if "$ref" in node:
+                target = defs[node["$ref"].rsplit("/", 1)[-1]]
+                merged = {**inline(target), **{k: v for k, v in node.items() if k != "$ref"}}
+                return merged
+            return {k: inline(v) for k, v in node.items()}
+        if isinstance(node, list):
+            return [inline(v) for v in node]
+        return node
+
+    return inline(schema)

@@ -1,0 +1,192 @@
+"""The arithmetic of heterogeneous synchronous training (DESIGN.md section 5), framework-free.
+
+Nothing here imports TensorFlow or Horovod, so another allreduce backend can reuse it.
+
+With ranks i = 1..N, local batches b_i and global batch B = sum(b_i):
+
+* :func:`allocate` chooses b_i proportional to each rank's measured throughput, each at least 1
+  and at most its memory cap, summing exactly to B;
+* :func:`loss_weights` gives the factor N * b_i / B that makes Horovod's plain average of the
+  ranks' gradients equal the gradient of the mean loss over the global batch;
+* :func:`epoch_steps` splits one epoch's shuffled rows into per-rank, per-step slices so every
+  rank runs the same number of steps and all ranks together see every row exactly once;
+* :func:`drifted` decides when measured speeds moved enough to re-allocate.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+
+class AllocationError(ValueError):
+    """The global batch cannot be placed on these ranks (memory caps, too few samples)."""
+
+
+def allocate(throughputs: Sequence[float], global_batch: int, caps: Sequence[int] | None = None) -> list[int]:
+    """Split ``global_batch`` into local batches proportional to ``throughputs``.
+
+    Each batch is >= 1 and <= its cap; the sum is exactly ``global_batch``.  Rounding uses the
+    largest-remainder method, and shares that would exceed a cap are redistributed to the
+    others (water-filling), so the result is as close to proportional as the caps allow.
+    """
+    n = len(throughputs)
+    if n == 0:
+        raise AllocationError("no ranks to allocate a batch to")
+    if any(not math.isfinite(t) or t <= 0 for t in throughputs):
+        raise AllocationError(f"throughputs must be positive and finite, got {list(throughputs)}")
+    caps = [int(c) for c in caps] if caps is not None else [global_batch] * n
+    if len(caps) != n:
+        raise AllocationError(f"{len(caps)} memory caps for {n} ranks")
+    if any(c < 1 for c in caps):
+        raise AllocationError(f"every rank must fit at least one sample, caps are {caps}")
+    if global_batch < n:
+        raise AllocationError(f"global batch {global_batch} is smaller than the {n} ranks (each needs >= 1)")
+    if global_batch > sum(caps):
+        raise AllocationError(
+            f"global batch {global_batch} does not fit in the ranks' memory: at most {sum(caps)} "
+            f"samples per step (per-rank caps {caps})"
+        )
+
+    # Water-filling on real-valued shares: ranks whose share exceeds the cap are fixed at the cap
+    # and the rest of the batch is shared among the others in proportion to throughput.
+    share = [0.0] * n
+    free = set(range(n))
+    remaining = float(global_batch)
+    while free:
+        total = sum(throughputs[i] for i in free)
+        over = [i for i in free if remaining * throughputs[i] / total > caps[i]]
+        if not over:
+            for i in free:
+                share[i] = remaining * throughputs[i] / total
+            break
+        for i in over:
+            share[i] = float(caps[i])
+            remaining -= caps[i]
+            free.discard(i)
+
+    # Every rank needs at least one sample; then round with the largest remainders.
+    share = [max(1.0, s) for s in share]
+    scale_pool = [i for i in range(n) if share[i] > 1.0]
+    excess = sum(share) - global_batch
+    if excess > 1e-9 and scale_pool:
+        pool_total = sum(share[i] - 1.0 for i in scale_pool)
+        for i in scale_pool:
+            share[i] -= excess * (share[i] - 1.0) / pool_total
+    batches = [min(caps[i], max(1, math.floor(share[i]))) for i in range(n)]
+    short = global_batch - sum(batches)
+    order = sorted(range(n), key=lambda i: (share[i] - math.floor(share[i]), throughputs[i]), reverse=True)
+    while short > 0:
+        progressed = False
+        for i in order:
+            if short == 0:
+                break
+            if batches[i] < caps[i]:
+                batches[i] += 1
+                short -= 1
+                progressed = True
+        if not progressed:  # pragma: no cover - excluded by the sum(caps) check above
+            raise AllocationError("cannot place the global batch within the caps")
+    while short < 0:
+        for i in reversed(order):
+            if short == 0:
+                break
+            if batches[i] > 1:
+                batches[i] -= 1
+                short += 1
+    return batches
+
+
+def loss_weights(batches: Sequence[int]) -> list[float]:
+    """Per-rank factors N * b_i / B: scaling rank i's mean loss by this before Horovod's average
+    gives exactly the gradient of the mean loss over the global batch."""
+    n, total = len(batches), sum(batches)
+    if total <= 0:
+        raise ValueError(f"batches must sum to a positive number, got {list(batches)}")
+    return [n * b / total for b in batches]
+
+
+def scaled_learning_rate(base_lr: float, reference_batch: int, global_batch: int) -> float:
+    """Linear scaling rule: a rate found at ``reference_batch`` applied at ``global_batch``."""
+    return base_lr * global_batch / reference_batch
+
+
+def warmup_lr(step: int, target_lr: float, warmup_steps: int) -> float:
+    """Linear warm-up from target/warmup_steps to the target over ``warmup_steps`` steps."""
+    if warmup_steps <= 0 or step >= warmup_steps:
+        return target_lr
+    return target_lr * (step + 1) / warmup_steps
+
+
+@dataclass(frozen=True)
+class StepSlice:
+    """Rows of one rank for one step: ``order[start:stop]`` of the epoch's permutation."""
+
+    start: int
+    stop: int
+
+    @property
+    def size(self) -> int:
+        return self.stop - self.start
+
+
+def epoch_steps(num_rows: int, batches: Sequence[int]) -> list[list[StepSlice]]:
+    """Per step, per rank, which part of the epoch's shuffled order each rank trains on.
+
+    Full steps use the planned batches.  The rows left over (``num_rows mod B``) form one last,
+    smaller step split in the same proportions, so every row is seen exactly once per epoch and
+    every rank still runs the same number of steps (a rank may get 0 rows in that last step and
+    then contributes a zero gradient; the loss weights of that step use its own batches).
+    """
+    total = sum(batches)
+    if total <= 0 or any(b < 0 for b in batches):
+        raise ValueError(f"bad batches {list(batches)}")
+    if num_rows < 1:
+        raise ValueError("an epoch needs at least one row")
+    full, rest = divmod(num_rows, total)
+    steps: list[list[StepSlice]] = []
+    for s in range(full):
+        start = s * total
+        row = []
+        for b in batches:
+            row.append(StepSlice(start, start + b))
+            start += b
+        steps.append(row)
+    if rest:
+        tail = split_proportional(rest, batches)
+        start = full * total
+        row = []
+        for b in tail:
+            row.append(StepSlice(start, start + b))
+            start += b
+        steps.append(row)
+    return steps
+
+
+def split_proportional(total: int, weights: Sequence[int | float]) -> list[int]:
+    """Non-negative integers proportional to ``weights`` summing to ``total`` (largest remainder)."""
+    wsum = float(sum(weights))
+    raw = [total * w / wsum for w in weights]
+    out = [math.floor(r) for r in raw]
+    for i in sorted(range(len(raw)), key=lambda i: raw[i] - out[i], reverse=True)[: total - sum(out)]:
+        out[i] += 1
+    return out
+
+
+def drifted(current: Sequence[int], throughputs: Sequence[float], threshold: float) -> bool:
+    """True when the share each rank should have differs from its current share by > threshold
+    (relative to the current share) for any rank."""
+    total_b, total_t = sum(current), sum(throughputs)
+    for b, t in zip(current, throughputs, strict=True):
+        want, have = t / total_t, b / total_b
+        if abs(want - have) > threshold * have:
+            return True
+    return False
+
+
+def balance_efficiency(compute_s: Sequence[float], step_s: float) -> list[float]:
+    """Per rank: useful compute time / step time (1.0 means the rank never waited)."""
+    if step_s <= 0:
+        return [0.0 for _ in compute_s]
+    return [min(1.0, c / step_s) for c in compute_s]

@@ -1,0 +1,107 @@
+"""Allocation arithmetic: properties that must hold for any throughputs, caps and batch."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from pipelines.train.balance import (
+    AllocationError,
+    allocate,
+    balance_efficiency,
+    drifted,
+    epoch_steps,
+    loss_weights,
+    scaled_learning_rate,
+    split_proportional,
+    warmup_lr,
+)
+
+throughputs = st.lists(st.floats(min_value=0.5, max_value=5000, allow_nan=False), min_size=1, max_size=8)
+
+
+@settings(max_examples=300, deadline=None)
+@given(throughputs, st.integers(min_value=1, max_value=4096))
+def test_sums_to_global_batch_and_is_proportional(tp, extra):
+    b = len(tp) + extra
+    out = allocate(tp, b)
+    assert sum(out) == b
+    assert all(x >= 1 for x in out)
+    ideal = [b * t / sum(tp) for t in tp]
+    if all(w >= 1.0 for w in ideal):
+        # proportional within rounding: no rank is off by a whole sample
+        assert all(abs(g - w) < 1.0 for g, w in zip(out, ideal, strict=True))
+    else:
+        # ranks whose share is below one sample get exactly one; the rest absorb the difference
+        assert all(g == 1 for g, w in zip(out, ideal, strict=True) if w < 1.0)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.lists(st.tuples(st.floats(min_value=0.5, max_value=1000), st.integers(min_value=1, max_value=300)), min_size=1, max_size=6),
+    st.data(),
+)
+def test_respects_caps(ranks, data):
+    tp = [t for t, _ in ranks]
+    caps = [c for _, c in ranks]
+    b = data.draw(st.integers(min_value=len(ranks), max_value=sum(caps)))
+    out = allocate(tp, b, caps)
+    assert sum(out) == b
+    assert all(1 <= x <= c for x, c in zip(out, caps, strict=True))
+
+
+def test_proportional_example_fast_and_slow():
+    assert allocate([1.0, 0.4], 140) == [100, 40]
+    assert allocate([3.0, 1.0], 256, caps=[150, 1000]) == [150, 106]
+
+
+def test_cannot_fit_names_the_caps():
+    with pytest.raises(AllocationError, match=r"does not fit in the ranks' memory: at most 30 .*\[10, 20\]"):
+        allocate([1.0, 1.0], 31, caps=[10, 20])
+    with pytest.raises(AllocationError, match="smaller than the 3 ranks"):
+        allocate([1.0, 1.0, 1.0], 2)
+    with pytest.raises(AllocationError, match="positive and finite"):
+        allocate([1.0, float("nan")], 8)
+
+
+def test_loss_weights_average_to_one_and_match_formula():
+    w = loss_weights([96, 32])
+    assert w == pytest.approx([1.5, 0.5])
+    assert sum(w) / len(w) == pytest.approx(1.0)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.integers(min_value=1, max_value=5000), st.lists(st.integers(min_value=1, max_value=200), min_size=1, max_size=5))
+def test_epoch_steps_equal_counts_and_exact_cover(rows, batches):
+    steps = epoch_steps(rows, batches)
+    # every step has one slice per rank -> equal step counts for all ranks
+    assert all(len(s) == len(batches) for s in steps)
+    covered = [i for step in steps for sl in step for i in range(sl.start, sl.stop)]
+    assert covered == list(range(rows))  # each row exactly once, in order of the permutation
+    for step in steps[: rows // sum(batches)]:
+        assert [sl.size for sl in step] == list(batches)
+
+
+def test_epoch_steps_not_divisible_has_short_last_step():
+    steps = epoch_steps(10, [3, 1])
+    assert len(steps) == 3
+    assert [sl.size for sl in steps[-1]] == [2, 0]
+
+
+def test_split_and_schedule_helpers():
+    assert split_proportional(7, [3, 1]) == [5, 2]
+    assert sum(split_proportional(1, [1, 1, 1])) == 1
+    assert scaled_learning_rate(0.1, 64, 256) == pytest.approx(0.4)
+    assert warmup_lr(0, 1.0, 4) == pytest.approx(0.25)
+    assert warmup_lr(3, 1.0, 4) == pytest.approx(1.0)
+    assert warmup_lr(10, 1.0, 4) == 1.0
+
+
+def test_drift_detection():
+    assert not drifted([100, 40], [1000.0, 400.0], 0.1)
+    assert drifted([100, 40], [1000.0, 200.0], 0.1)
+
+
+def test_balance_efficiency():
+    assert balance_efficiency([0.5, 1.0], 1.0) == [0.5, 1.0]
