@@ -116,7 +116,8 @@ class TrainingSpec(_Strict):
         "auto", description='Samples per synchronous step across all ranks, or "auto" to let the planner choose.'
     )
     learning_rate: float | Literal["auto"] = Field(
-        "auto", description='Learning rate at the global batch, or "auto" to run the range test.'
+        "auto",
+        description='Learning rate at reference_batch (scaled linearly to the global batch), or "auto" to run the range test.',
     )
     reference_batch: int = Field(
         64, ge=1, description="Batch at which a given learning rate applies; scaled linearly to the global batch."

@@ -1,0 +1,52 @@
+# The two commands: `make demo` and `make test`. Both build the environments first if needed.
+SHELL := /bin/bash
+PYTHON ?= python3.11
+VENV := .venv
+TVENV := .venv-trainer
+AIRFLOW_HOME ?= $(CURDIR)/.airflow
+DATA ?= $(CURDIR)/data/sample
+ROWS_PER_DAY ?= 2000
+DAYS ?= 3
+
+export AIRFLOW_HOME
+export AIRFLOW__CORE__DAGS_FOLDER := $(CURDIR)/dags
+export AIRFLOW__CORE__PLUGINS_FOLDER := $(CURDIR)/plugins
+export AIRFLOW__CORE__LOAD_EXAMPLES := False
+export HETERO_TRAINER_PYTHON := $(CURDIR)/$(TVENV)/bin/python
+export PYTHON
+
+.PHONY: setup demo test test-trainer test-airflow lint data bench clean
+
+## setup: build .venv and .venv-trainer if missing or out of date (stamp keyed on the lock files)
+setup:
+	@scripts/setup-env.sh airflow
+	@scripts/setup-env.sh trainer
+
+## data: generate the sample dataset (day-partitioned Parquet under data/sample)
+data: setup
+	@if [ ! -d "$(DATA)" ]; then \
+	  $(TVENV)/bin/python -m pipelines generate-data --out "$(DATA)" --rows-per-day $(ROWS_PER_DAY) --days $(DAYS); \
+	else echo "sample data already in $(DATA)"; fi
+
+## demo: set-up, sample data, then the main DAG end to end on the local launcher
+demo: setup data
+	@scripts/demo.sh
+
+## test: set-up, then the whole test suite (unit, DAG, integration) in both environments
+test: setup test-trainer test-airflow
+
+test-trainer:
+	$(TVENV)/bin/python -m pytest -q -p no:cacheprovider tests/unit tests/integration/trainer
+
+test-airflow:
+	$(VENV)/bin/python -m pytest -q -p no:cacheprovider tests/dags tests/k8s tests/integration/airflow
+
+lint: setup
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/python scripts/check_layering.py
+
+bench: setup
+	$(TVENV)/bin/python bench/hetero.py
+
+clean:
+	rm -rf .airflow artifacts data

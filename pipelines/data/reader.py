@@ -1,0 +1,95 @@
+"""The ranks' input reader: memory-mapped preloaded shards, per-rank slices, prefetching.
+
+The preload stage writes Arrow IPC files; here they are memory-mapped, so the features are
+read from the page cache without a copy until a step gathers its rows.  Every epoch has its own
+permutation (seeded by the job seed and the epoch), identical on every rank; each rank trains on
+its own proportional slice of every step (see :func:`pipelines.train.balance.epoch_steps`), so
+all ranks together see every training row exactly once per epoch.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator, Sequence
+
+import numpy as np
+
+from pipelines.errors import StageError
+from pipelines.train.balance import StepSlice
+
+
+def load_split(preload_result: dict, split: str = "train") -> tuple[np.ndarray, np.ndarray]:
+    """Features ``[n, feature_size]`` float32 and labels ``[n]`` int32 of one split."""
+    import pyarrow as pa
+
+    key = f"{split}_shards"
+    if key not in preload_result:
+        raise StageError(f"preload result has no {key!r}; was the preload stage run?")
+    feats, labels = [], []
+    for path in preload_result[key]:
+        try:
+            table = pa.ipc.open_file(pa.memory_map(path, "r")).read_all()
+        except (OSError, pa.ArrowInvalid) as e:
+            raise StageError(f"{path}: cannot read preloaded shard: {e}") from None
+        if table.num_rows == 0:
+            continue
+        col = table.column("features").combine_chunks()
+        width = col.type.list_size
+        feats.append(col.flatten().to_numpy(zero_copy_only=False).reshape(-1, width))
+        labels.append(table.column("label").to_numpy().astype(np.int32, copy=False))
+    if not feats:
+        raise StageError(f"the {split} split is empty ({preload_result[key]})")
+    x = feats[0] if len(feats) == 1 else np.concatenate(feats)
+    y = labels[0] if len(labels) == 1 else np.concatenate(labels)
+    return x.astype(np.float32, copy=False), y
+
+
+def epoch_permutation(num_rows: int, seed: int, epoch: int) -> np.ndarray:
+    """The epoch's row order: the same on every rank, different every epoch."""
+    return np.random.default_rng([seed, epoch]).permutation(num_rows)
+
+
+class InputTimer:
+    """Accumulates the time a rank waited for its next batch."""
+
+    def __init__(self) -> None:
+        self.wait_s = 0.0
+
+    def take(self) -> float:
+        w, self.wait_s = self.wait_s, 0.0
+        return w
+
+
+def rank_batches(
+    features: np.ndarray,
+    labels: np.ndarray,
+    order: np.ndarray,
+    slices: Sequence[StepSlice],
+    shape: Sequence[int],
+) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+    """This rank's batches for the given steps: rows ``order[slice]`` reshaped to ``shape``."""
+    for sl in slices:
+        idx = np.sort(order[sl.start : sl.stop])  # sorted reads are kinder to the page cache
+        yield features[idx].reshape((-1, *shape)), labels[idx]
+
+
+def prefetched(batches: Iterator[tuple[np.ndarray, np.ndarray]], shape: Sequence[int], timer: InputTimer, depth: int = 2):
+    """Feed ``batches`` through ``tf.data`` with prefetching; time spent waiting goes to ``timer``."""
+    import tensorflow as tf
+
+    ds = tf.data.Dataset.from_generator(
+        lambda: batches,
+        output_signature=(
+            tf.TensorSpec(shape=(None, *shape), dtype=tf.float32),
+            tf.TensorSpec(shape=(None,), dtype=tf.int32),
+        ),
+    ).prefetch(depth)
+    it = iter(ds)
+    while True:
+        t0 = time.perf_counter()
+        try:
+            item = next(it)
+        except StopIteration:
+            return
+        timer.wait_s += time.perf_counter() - t0
+        yield item

@@ -1,0 +1,264 @@
+"""Local Horovod launcher: N rank processes on this machine over Gloo, each as its own "device".
+
+Behaves like ``horovodrun -np N --gloo`` on localhost, plus per-rank device profiles from a pool
+file (CPU cores and a CPU quota enforced through cgroups), so an existing Horovod TensorFlow 2
+script runs under it unchanged::
+
+    python -m pipelines.launch.local -np 2 --pool examples/pool-local.yaml --profiles fast,slow -- \\
+        python my_script.py --its-args
+
+When one rank exits non-zero (or the launcher is told to stop), every other rank is stopped;
+the launcher exits with the failed rank's code and prints that rank's last lines.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import dataclasses
+import logging
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Sequence
+from pathlib import Path
+
+from pipelines.launch.cgroups import CpuLimiter, threads_for
+from pipelines.launch.rendezvous import ENV_DEVICE, ENV_THREADS, gloo_env, local_slots, start_rendezvous
+
+log = logging.getLogger("pipelines.launch")
+
+TAIL_LINES = 30
+
+
+@dataclasses.dataclass(frozen=True)
+class Profile:
+    """How one rank is placed: a device type name, cores and CPU share (None: unlimited)."""
+
+    device: str = "default"
+    cpus: tuple[int, ...] = ()
+    cpu_share: float | None = None
+
+
+@dataclasses.dataclass
+class LaunchResult:
+    returncode: int
+    failed_rank: int | None
+    tails: dict[int, list[str]]
+    seconds: float
+    quota_enforced: bool
+    message: str = ""
+
+
+class RankFailed(RuntimeError):
+    def __init__(self, result: LaunchResult):
+        super().__init__(result.message)
+        self.result = result
+
+
+def profiles_from_pool(pool_path: str, names: Sequence[str]) -> list[Profile]:
+    """Profiles for the given device type names, read from a pool file."""
+    from pipelines.spec import load_pool
+
+    pool = load_pool(pool_path)
+    out = []
+    for name in names:
+        d = pool.get(name)
+        out.append(Profile(device=name, cpus=tuple(d.local.cpus), cpu_share=d.local.cpu_share))
+    return out
+
+
+def rank_env(rank: int, size: int, port: int, profile: Profile, base: dict[str, str] | None = None) -> dict[str, str]:
+    """The full environment of one rank process."""
+    env = dict(os.environ if base is None else base)
+    env.update(local_slots(size)[rank].env())
+    env.update(gloo_env("127.0.0.1", port, "lo"))
+    env[ENV_DEVICE] = profile.device
+    if profile.cpu_share is not None:
+        threads = threads_for(profile.cpu_share, list(profile.cpus))
+        env[ENV_THREADS] = str(threads)
+        env["OMP_NUM_THREADS"] = str(threads)
+    # A rank that stalls (a peer hung, not dead) shuts the job down instead of waiting forever.
+    env.setdefault("HOROVOD_STALL_CHECK_TIME_SECONDS", "30")
+    env.setdefault("HOROVOD_STALL_SHUTDOWN_TIME_SECONDS", "120")
+    env.setdefault("HOROVOD_GLOO_TIMEOUT_SECONDS", "60")
+    env.setdefault("PYTHONUNBUFFERED", "1")
+    env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    return env
+
+
+def launch(
+    command: Sequence[str],
+    profiles: Sequence[Profile],
+    *,
+    job: str | None = None,
+    env: dict[str, str] | None = None,
+    timeout_s: float | None = None,
+    output=None,
+    on_start=None,
+) -> LaunchResult:
+    """Run ``command`` as ``len(profiles)`` Horovod ranks; returns when all end or one fails.
+
+    ``output`` receives every rank's lines prefixed with ``[rank i]`` (default: stdout).
+    ``on_start(procs, limiter)`` is called once all ranks have started (used by tests to change
+    a quota during a run).  Raises nothing for a failed rank: check ``returncode``.
+    """
+    size = len(profiles)
+    if size < 1:
+        raise ValueError("need at least one rank")
+    output = output or sys.stdout
+    job = job or f"job-{uuid.uuid4().hex[:8]}"
+    limiter = CpuLimiter(job)
+    server, port = start_rendezvous(local_slots(size), port=0, host="127.0.0.1")
+    procs: list[subprocess.Popen] = []
+    tails = {r: collections.deque(maxlen=TAIL_LINES) for r in range(size)}
+    lock = threading.Lock()
+    readers = []
+    started = time.time()
+    enforced = True
+    stop = threading.Event()
+
+    def pump(rank: int, stream) -> None:
+        for raw in iter(stream.readline, b""):
+            line = raw.decode(errors="replace").rstrip("\n")
+            tails[rank].append(line)
+            with lock:
+                output.write(f"[rank {rank}] {line}\n")
+                output.flush()
+        stream.close()
+
+    previous = {}
+    if threading.current_thread() is threading.main_thread():
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            previous[sig] = signal.signal(sig, lambda s, f: stop.set())
+    try:
+        for rank, prof in enumerate(profiles):
+            renv = rank_env(rank, size, port, prof, env)
+            p = subprocess.Popen(
+                list(command),
+                env=renv,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,  # its own process group, so we can stop all it started
+            )
+            if prof.cpu_share is not None or prof.cpus:
+                ok = limiter.limit(p.pid, f"rank{rank}", prof.cpu_share or float(os.cpu_count() or 1), list(prof.cpus))
+                enforced = enforced and (ok or prof.cpu_share is None)
+            procs.append(p)
+            t = threading.Thread(target=pump, args=(rank, p.stdout), daemon=True)
+            t.start()
+            readers.append(t)
+        if on_start is not None:
+            on_start(procs, limiter)
+        failed_rank, code, message = _wait(procs, stop, timeout_s, started)
+    finally:
+        _stop_all(procs)
+        for t in readers:
+            t.join(timeout=5)
+        server.shutdown()
+        server.server_close()
+        limiter.cleanup()
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    result = LaunchResult(
+        returncode=code,
+        failed_rank=failed_rank,
+        tails={r: list(v) for r, v in tails.items()},
+        seconds=time.time() - started,
+        quota_enforced=enforced and limiter.warning is None,
+        message=message,
+    )
+    if failed_rank is not None:
+        tail = "\n".join(f"  {line}" for line in result.tails[failed_rank][-15:])
+        result.message = f"{message}\nlast lines of rank {failed_rank}:\n{tail}"
+    return result
+
+
+def _wait(procs, stop: threading.Event, timeout_s: float | None, started: float) -> tuple[int | None, int, str]:
+    while True:
+        codes = [p.poll() for p in procs]
+        for rank, code in enumerate(codes):
+            if code not in (None, 0):
+                return rank, code, f"rank {rank} exited with code {code}; stopped the other ranks"
+        if all(c == 0 for c in codes):
+            return None, 0, "all ranks finished"
+        if stop.is_set():
+            return -1, 143, "launcher was told to stop; stopped every rank"
+        if timeout_s is not None and time.time() - started > timeout_s:
+            return -1, 124, f"job exceeded its {timeout_s:.0f}s time limit; stopped every rank"
+        time.sleep(0.1)
+
+
+def _stop_all(procs: list[subprocess.Popen], grace_s: float = 5.0) -> None:
+    live = [p for p in procs if p.poll() is None]
+    for p in live:
+        try:
+            os.killpg(p.pid, signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+    deadline = time.time() + grace_s
+    for p in live:
+        try:
+            p.wait(timeout=max(0.1, deadline - time.time()))
+        except subprocess.TimeoutExpired:
+            try:
+                os.killpg(p.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            p.wait()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m pipelines.launch.local",
+        description="Run a Horovod program as N local ranks over Gloo, each with its own device profile.",
+        epilog="Everything after -- is the command each rank runs.",
+    )
+    parser.add_argument("-np", "--num-proc", type=int, required=True, help="number of ranks")
+    parser.add_argument("--pool", default=None, help="pool file with the device types (for --profiles)")
+    parser.add_argument(
+        "--profiles",
+        default=None,
+        help="comma-separated device type names, one per rank (needs --pool), or cpu-share specs like 'cpu=1:1.0,cpu=0:0.4'",
+    )
+    parser.add_argument("--job-name", default=None, help="cgroup folder name for this job (default: random)")
+    parser.add_argument("--timeout", type=float, default=None, help="stop every rank after this many seconds")
+    parser.add_argument("command", nargs=argparse.REMAINDER, help="-- then the rank command")
+    args = parser.parse_args(argv)
+    command = args.command[1:] if args.command[:1] == ["--"] else args.command
+    if not command:
+        parser.error("give the command to run after --")
+    profiles = parse_profiles(args.profiles, args.num_proc, args.pool)
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    result = launch(command, profiles, job=args.job_name, timeout_s=args.timeout)
+    if result.returncode != 0:
+        print(f"ERROR: {result.message}", file=sys.stderr)
+    return result.returncode
+
+
+def parse_profiles(text: str | None, n: int, pool: str | None) -> list[Profile]:
+    """``fast,slow`` (names in ``pool``) or ``cpu=1:1.0,cpu=0:0.4`` (cores:share); default unlimited."""
+    if not text:
+        return [Profile() for _ in range(n)]
+    items = [s.strip() for s in text.split(",")]
+    if len(items) != n:
+        raise SystemExit(f"--profiles has {len(items)} entries for -np {n}")
+    if all(s.startswith("cpu=") for s in items):
+        out = []
+        for s in items:
+            cores, _, share = s.removeprefix("cpu=").partition(":")
+            out.append(Profile(device=s, cpus=tuple(int(c) for c in cores.split("+") if c), cpu_share=float(share or 1.0)))
+        return out
+    if not pool:
+        raise SystemExit("--profiles with device names needs --pool")
+    if not Path(pool).is_file():
+        raise SystemExit(f"--pool {pool}: file not found")
+    return profiles_from_pool(pool, items)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

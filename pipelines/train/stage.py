@@ -1,0 +1,65 @@
+"""The ``train`` stage: start the plan's ranks with the local launcher and return rank 0's summary.
+
+On Kubernetes the same rank command runs in one pod per rank, started by the Airflow operator
+(``plugins/hetero/kubernetes_job.py``); this stage is the local path.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+from pathlib import Path
+
+from pipelines.errors import StageError
+from pipelines.rundir import RunDir, input_key
+from pipelines.spec import JobSpec, load_pool
+from pipelines.stages import StageContext
+
+log = logging.getLogger(__name__)
+
+
+def rank_command(run_dir: RunDir, python: str | None = None) -> list[str]:
+    """The command every rank runs, locally and in a pod."""
+    return [python or sys.executable, "-m", "pipelines.train.trainer", "--spec", str(run_dir.root / "spec.json"), "--run-dir", str(run_dir)]
+
+
+def load_plan(run_dir: RunDir) -> dict:
+    path = run_dir.root / "estimate" / "plan.json"
+    if not path.is_file():
+        raise StageError(f"{path}: no plan; run the estimate stage first")
+    return json.loads(path.read_text())
+
+
+def run(spec: JobSpec, run_dir: RunDir, ctx: StageContext) -> dict:
+    from pipelines.launch.local import Profile, launch
+
+    plan = load_plan(run_dir)
+    lr = run_dir.result_path("lr_search")
+    key = input_key(
+        json.loads(spec.to_json()),
+        plan,
+        json.loads(lr.read_text()).get("learning_rate") if lr.is_file() else None,
+        run_dir.read_result("preload").get("input_key"),
+    )
+    if not ctx.fresh and (done := run_dir.completed("train", key)):
+        log.info("train: already completed for these inputs, returning the stored result")
+        return done
+    if spec.launcher != "local":
+        raise StageError("the train stage runs ranks locally; with launcher=kubernetes the HorovodJobOperator starts the pods")
+    pool = load_pool(spec.pool)
+    profiles = []
+    for r in plan["ranks"]:
+        d = pool.get(r["device"])
+        profiles.append(Profile(device=d.name, cpus=tuple(d.local.cpus), cpu_share=d.local.cpu_share))
+    job = f"{ctx.dag_id}-{ctx.run_id}-{ctx.try_number}"[-60:]
+    result = launch(rank_command(run_dir), profiles, job="".join(c if c.isalnum() or c in "-_" else "_" for c in job))
+    if result.returncode != 0:
+        raise StageError(f"training failed: {result.message}")
+    summary_path = run_dir.root / "train" / "summary.json"
+    summary = json.loads(Path(summary_path).read_text())
+    summary["input_key"] = key
+    summary["quota_enforced"] = result.quota_enforced
+    summary["launcher_seconds"] = result.seconds
+    summary.pop("history", None)  # per-window records stay in train/summary.json, out of XCom
+    return summary

@@ -1,0 +1,449 @@
+"""Heterogeneous synchronous training with Horovod (one process per rank).
+
+Run under the local launcher or as a Kubernetes pod::
+
+    python -m pipelines.launch.local -np 2 --profiles fast,slow --pool examples/pool-local.yaml -- \\
+        python -m pipelines.train.trainer --spec run/spec.json --run-dir run/
+
+Each rank trains on a local batch proportional to its measured speed; its loss is weighted by
+N * b_i / B so Horovod's average of the gradients equals the gradient of the mean loss over the
+global batch (DESIGN.md section 5).  Rank 0 alone writes checkpoints, events and the model.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import math
+import os
+import sys
+import time
+from pathlib import Path
+
+log = logging.getLogger("pipelines.train")
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--spec", required=True, help="job spec (file or inline JSON)")
+    p.add_argument("--run-dir", required=True, help="run directory holding preload/, estimate/, lr_search/")
+    p.add_argument("--plan", default=None, help="plan.json (default: <run-dir>/estimate/plan.json, else equal ranks)")
+    p.add_argument("--epochs", type=int, default=None, help="override spec.training.epochs (default: spec)")
+    p.add_argument("--global-batch", type=int, default=None, help="override the plan's global batch")
+    p.add_argument("--window", type=int, default=10, help="steps per measurement window (default: %(default)s)")
+    p.add_argument("--probe-steps", type=int, default=3, help="timed calibration steps per rank (default: %(default)s)")
+    p.add_argument("--no-balance", action="store_true", help="equal batches, no calibration or re-balancing")
+    p.add_argument("--max-steps", type=int, default=None, help="stop after this many steps (benchmarks)")
+    p.add_argument("--out", default=None, help="train output folder (default: <run-dir>/train)")
+    return p.parse_args(argv)
+
+
+def configure_threads() -> None:
+    """Match TensorFlow's thread pools to the CPU quota (before TensorFlow starts its runtime)."""
+    import tensorflow as tf
+
+    threads = int(os.environ.get("HETERO_CPU_THREADS", "0"))
+    if threads > 0:
+        tf.config.threading.set_intra_op_parallelism_threads(threads)
+        tf.config.threading.set_inter_op_parallelism_threads(threads)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    rank = os.environ.get("HOROVOD_RANK", "0")
+    logging.basicConfig(level=logging.INFO, format=f"%(asctime)s %(levelname)s rank{rank}: %(message)s")
+    from pipelines.launch.rendezvous import maybe_host_rendezvous
+
+    rendezvous = maybe_host_rendezvous()  # on Kubernetes rank 0 hosts the Gloo rendezvous
+    configure_threads()
+    import horovod.tensorflow as hvd
+
+    hvd.init()  # joins the Gloo rendezvous; blocks until every rank has arrived
+    try:
+        Trainer(args, hvd).fit()
+    except TrainingError as e:
+        log.error("%s", e)
+        return 3
+    finally:
+        if rendezvous is not None:
+            rendezvous.shutdown()
+    return 0
+
+
+class TrainingError(RuntimeError):
+    """Training cannot continue (NaN loss, bad plan); every rank stops with a non-zero exit."""
+
+
+class Trainer:
+    def __init__(self, args: argparse.Namespace, hvd):
+        import numpy as np
+        import tensorflow as tf
+
+        from pipelines.data.reader import load_split
+        from pipelines.models import build_model
+        from pipelines.rundir import RunDir
+        from pipelines.spec import load_spec
+
+        self.args, self.hvd, self.tf, self.np = args, hvd, tf, np
+        self.rank, self.size = hvd.rank(), hvd.size()
+        self.spec = load_spec(args.spec)
+        self.run_dir = RunDir(args.run_dir)
+        self.out = Path(args.out) if args.out else self.run_dir.root / "train"
+        self.out.mkdir(parents=True, exist_ok=True)
+        t = self.spec.training
+        self.epochs = args.epochs or t.epochs
+        tf.random.set_seed(t.seed)
+        np.random.seed(t.seed)
+
+        preload = self.run_dir.read_result("preload")
+        self.x, self.y = load_split(preload, "train")
+        self.shape = tuple(self.spec.dataset.feature_shape)
+        self.mean = float(preload.get("feature_mean", 0.0))
+        self.std = float(preload.get("feature_std", 1.0)) or 1.0
+
+        plan = self._load_plan()
+        self.devices = [r["device"] for r in plan["ranks"]] if plan else ["default"] * self.size
+        self.caps = [int(r.get("max_batch", 1 << 30)) for r in plan["ranks"]] if plan else [1 << 30] * self.size
+        planned = [int(r["batch"]) for r in plan["ranks"]] if plan else None
+        if plan and len(plan["ranks"]) != self.size:
+            raise TrainingError(f"the plan has {len(plan['ranks'])} ranks but {self.size} were started")
+        gb = args.global_batch or (plan["global_batch"] if plan else None)
+        if gb is None:
+            gb = t.global_batch if isinstance(t.global_batch, int) else 64 * self.size
+        self.global_batch = int(gb)
+        if planned and sum(planned) == self.global_batch:
+            self.batches = planned
+        else:
+            from pipelines.train.balance import split_proportional
+
+            self.batches = [max(1, b) for b in split_proportional(self.global_batch, [1] * self.size)]
+        self.base_lr = self._learning_rate()
+
+        self.model = build_model(self.spec.model.name, self.shape, self.spec.dataset.num_classes, self.spec.model.kwargs)
+        if t.optimizer == "adam":
+            self.optimizer = tf.keras.optimizers.Adam(learning_rate=self.base_lr)
+        else:
+            self.optimizer = tf.keras.optimizers.SGD(learning_rate=self.base_lr, momentum=0.9)
+        self.loss_fn = tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+        self.global_step = tf.Variable(0, dtype=tf.int64, trainable=False, name="global_step")
+        self.epoch_var = tf.Variable(0, dtype=tf.int64, trainable=False, name="epoch")
+        self.pos_var = tf.Variable(0, dtype=tf.int64, trainable=False, name="rows_done_in_epoch")
+        self.batches_var = tf.Variable(self.batches, dtype=tf.int64, trainable=False, name="batches")
+        self.ckpt = tf.train.Checkpoint(
+            model=self.model,
+            optimizer=self.optimizer,
+            step=self.global_step,
+            epoch=self.epoch_var,
+            pos=self.pos_var,
+            batches=self.batches_var,
+        )
+        self.ckpt_dir = self.out / "checkpoints"
+        self.manager = tf.train.CheckpointManager(self.ckpt, str(self.ckpt_dir), max_to_keep=3)
+        self._build_functions()
+
+    # ------------------------------------------------------------------------------ set-up
+
+    def _load_plan(self) -> dict | None:
+        path = Path(self.args.plan) if self.args.plan else self.run_dir.root / "estimate" / "plan.json"
+        if path.is_file():
+            return json.loads(path.read_text())
+        if self.args.plan:
+            raise TrainingError(f"{path}: plan file not found")
+        return None
+
+    def _learning_rate(self) -> float:
+        from pipelines.train.balance import scaled_learning_rate
+
+        t = self.spec.training
+        if isinstance(t.learning_rate, float | int) and not isinstance(t.learning_rate, bool):
+            return scaled_learning_rate(float(t.learning_rate), t.reference_batch, self.global_batch)
+        lr_path = self.run_dir.result_path("lr_search")
+        if not lr_path.is_file():
+            raise TrainingError(f"learning_rate is 'auto' but {lr_path} does not exist; run lr-search first")
+        found = json.loads(lr_path.read_text())
+        at_batch = int(found.get("global_batch", self.global_batch))
+        return scaled_learning_rate(float(found["learning_rate"]), at_batch, self.global_batch)
+
+    def _build_functions(self) -> None:
+        tf, hvd = self.tf, self.hvd
+        model, loss_fn, optimizer = self.model, self.loss_fn, self.optimizer
+        mean, std = self.mean, self.std
+        spec_x = tf.TensorSpec(shape=(None, *self.shape), dtype=tf.float32)
+        spec_y = tf.TensorSpec(shape=(None,), dtype=tf.int32)
+        scalar = tf.TensorSpec(shape=(), dtype=tf.float32)
+
+        @tf.function(input_signature=[spec_x, spec_y, scalar], reduce_retracing=True)
+        def compute(x, y, weight):
+            # Local forward and backward only (timed apart from the allreduce).
+            with tf.GradientTape() as tape:
+                logits = model((x - mean) / std, training=True)
+                loss = loss_fn(y, logits)
+                weighted = loss * weight  # N * b_i / B: the average over ranks is the global mean
+            grads = tape.gradient(weighted, model.trainable_variables)
+            correct = tf.reduce_sum(tf.cast(tf.equal(tf.argmax(logits, -1, output_type=tf.int32), y), tf.float32))
+            return grads, weighted, correct
+
+        @tf.function(reduce_retracing=True)
+        def zero_grads():
+            return [tf.zeros_like(v) for v in model.trainable_variables]
+
+        @tf.function(reduce_retracing=True)
+        def reduce_and_apply(grads, stats, lr):
+            # One fused allreduce of every gradient plus the loss/accuracy figures.
+            reduced = hvd.grouped_allreduce(list(grads) + [stats], op=hvd.Average)
+            optimizer.learning_rate.assign(lr)
+            optimizer.apply_gradients(zip(reduced[:-1], model.trainable_variables))
+            return reduced[-1]
+
+        self._compute, self._zero_grads, self._reduce_and_apply = compute, zero_grads, reduce_and_apply
+
+    # ---------------------------------------------------------------------------- training
+
+    def calibrate(self) -> list[float]:
+        """Every rank times forward+backward at its batch; returns all ranks' samples/s."""
+        tf, np = self.tf, self.np
+        b = max(1, self.batches[self.rank])
+        idx = np.arange(b) % len(self.y)
+        x = tf.constant(self.x[idx].reshape((-1, *self.shape)))
+        y = tf.constant(self.y[idx])
+        self._compute(x, y, tf.constant(0.0))  # warm-up: trace and allocate
+        t0 = time.perf_counter()
+        for _ in range(self.args.probe_steps):
+            self._compute(x, y, tf.constant(0.0))
+        rate = b * self.args.probe_steps / (time.perf_counter() - t0)
+        return self.gather([rate])[:, 0].tolist()
+
+    def gather(self, values: list[float]):
+        """All ranks' figures as an array [size, len(values)] (same on every rank)."""
+        tf = self.tf
+        return self.hvd.allgather(tf.constant([values], dtype=tf.float64), name=None).numpy()
+
+    def fit(self) -> dict:
+        from pipelines.data.reader import InputTimer, epoch_permutation, prefetched, rank_batches
+        from pipelines.train.balance import allocate, drifted, epoch_steps, loss_weights, warmup_lr
+
+        tf, hvd, np = self.tf, self.hvd, self.np
+        t = self.spec.training
+        started = time.time()
+        resumed_from = 0
+        latest = self.manager.latest_checkpoint
+        if latest:
+            self.ckpt.restore(latest)  # every rank reads the same checkpoint from the shared run dir
+            resumed_from = int(self.global_step.numpy())
+            self.batches = [int(b) for b in self.batches_var.numpy()]
+            if self.rank == 0:
+                log.info("resumed from %s at step %d (epoch %d)", latest, resumed_from, int(self.epoch_var.numpy()))
+        hvd.broadcast_variables(self.model.variables, root_rank=0)  # identical weights everywhere
+
+        rebalances: list[dict] = []
+        if not self.args.no_balance and not latest:
+            rates = self.calibrate()
+            new = allocate(rates, self.global_batch, self.caps)
+            if self.rank == 0:
+                log.info("calibrated samples/s %s -> local batches %s (was %s)", [round(r, 1) for r in rates], new, self.batches)
+            self.batches = new
+            self.batches_var.assign(new)
+
+        writer = tf.summary.create_file_writer(str(self.out / "events")) if self.rank == 0 else None
+        n = len(self.y)
+        steps_per_epoch = len(epoch_steps(n, self.batches))
+        warmup_steps = int(round(t.warmup_epochs * steps_per_epoch))
+        window = max(1, t.rebalance_every_steps or self.args.window)
+        per_rank: dict[str, float] = {"compute_s": 0.0, "wait_s": 0.0, "input_s": 0.0, "samples": 0.0}
+        totals = {"compute_s": 0.0, "wait_s": 0.0, "input_s": 0.0, "samples": 0.0, "step_s": 0.0}
+        last_stats = [float("nan"), float("nan")]
+        history: list[dict] = []
+        timer = InputTimer()
+        step = int(self.global_step.numpy())
+        max_steps = self.args.max_steps
+        done = False
+
+        for epoch in range(int(self.epoch_var.numpy()), self.epochs):
+            order = epoch_permutation(n, t.seed, epoch)
+            pos = int(self.pos_var.numpy())
+            while pos < n and not done:
+                # A segment: up to `window` steps with the current batches over the rows left.
+                plan_steps = epoch_steps(n - pos, self.batches)[:window]
+                mine = [type(s[self.rank])(s[self.rank].start + pos, s[self.rank].stop + pos) for s in plan_steps]
+                seg_t0 = time.perf_counter()
+                for i, (x, y) in enumerate(prefetched(rank_batches(self.x, self.y, order, mine, self.shape), self.shape, timer)):
+                    sizes = [sl.size for sl in plan_steps[i]]
+                    w = loss_weights(sizes)[self.rank]
+                    t0 = time.perf_counter()
+                    if sizes[self.rank] > 0:
+                        grads, wloss, correct = self._compute(x, y, tf.constant(w, tf.float32))
+                        correct = float(correct)
+                    else:  # an empty slice in the epoch's last, short step
+                        grads, wloss, correct = self._zero_grads(), tf.constant(0.0), 0.0
+                    t1 = time.perf_counter()
+                    lr = warmup_lr(step, self.base_lr, warmup_steps)
+                    stats = tf.stack([wloss, tf.constant(correct * self.size / sum(sizes), tf.float32)])
+                    reduced = self._reduce_and_apply(grads, stats, tf.constant(lr, tf.float32)).numpy()
+                    t2 = time.perf_counter()
+                    if not math.isfinite(float(reduced[0])):
+                        # Every rank sees the same reduced loss, so all stop at the same step.
+                        raise TrainingError(
+                            f"loss is {reduced[0]} at step {step} (epoch {epoch}); stopping every rank, "
+                            f"last good checkpoint: {self.manager.latest_checkpoint}"
+                        )
+                    last_stats = [float(reduced[0]), float(reduced[1])]
+                    per_rank["compute_s"] += t1 - t0
+                    per_rank["wait_s"] += t2 - t1
+                    per_rank["samples"] += sizes[self.rank]
+                    step += 1
+                    pos += sum(sizes)
+                    self.global_step.assign(step)
+                    if max_steps and step >= max_steps:
+                        done = True
+                        break
+                    if self.rank == 0 and step % t.checkpoint_every_steps == 0:
+                        self.pos_var.assign(pos)
+                        self.epoch_var.assign(epoch)
+                        self.manager.save(checkpoint_number=step)
+                seg_s = time.perf_counter() - seg_t0
+                per_rank["input_s"] = timer.take()
+                # Share the window's figures; every rank gets the same array.
+                figs = self.gather([per_rank["compute_s"], per_rank["wait_s"], per_rank["input_s"], per_rank["samples"], seg_s])
+                for k, col in (("compute_s", 0), ("wait_s", 1), ("input_s", 2), ("samples", 3)):
+                    totals[k] += float(figs[self.rank, col])
+                totals["step_s"] += seg_s
+                record = self._window_record(step, epoch, figs, last_stats, lr)
+                history.append(record)
+                if writer is not None:
+                    self._write_events(writer, step, record)
+                per_rank = dict.fromkeys(per_rank, 0.0)
+                # Re-balance at this boundary if measured speeds drifted (B stays fixed).
+                if not self.args.no_balance and (t.rebalance_every_steps or pos >= n):
+                    rates = (figs[:, 3] / np.maximum(figs[:, 0], 1e-9)).tolist()
+                    if drifted(self.batches, rates, t.rebalance_threshold):
+                        new = allocate(rates, self.global_batch, self.caps)
+                        if new != self.batches:
+                            event = {"step": step, "epoch": epoch, "old": self.batches, "new": new,
+                                     "reason": f"measured samples/s {[round(r, 1) for r in rates]}"}
+                            rebalances.append(event)
+                            if self.rank == 0:
+                                log.info("re-balance at step %d: %s -> %s (%s)", step, self.batches, new, event["reason"])
+                            self.batches = new
+                            self.batches_var.assign(new)
+            if done:
+                break
+            self.pos_var.assign(0)
+            self.epoch_var.assign(epoch + 1)
+            if self.rank == 0:
+                self.manager.save(checkpoint_number=step)  # end of epoch
+                log.info("epoch %d done: loss %.4f accuracy %.4f step %d", epoch, last_stats[0], last_stats[1], step)
+
+        train_s = time.time() - started
+        summary = self._summary(history, totals, rebalances, last_stats, step, resumed_from, train_s)
+        if self.rank == 0:
+            if not done:
+                self.manager.save(checkpoint_number=step)
+            self._export()
+            writer.flush()
+            from pipelines.rundir import write_json
+
+            write_json(self.out / "summary.json", summary)
+            log.info("training done in %.1fs: %s", train_s, {k: summary[k] for k in ("samples_per_sec", "final_loss")})
+        return summary
+
+    def _window_record(self, step, epoch, figs, stats, lr) -> dict:
+        from pipelines.train.balance import balance_efficiency
+
+        seg = float(figs[:, 4].max())
+        return {
+            "step": step,
+            "epoch": epoch,
+            "loss": stats[0],
+            "accuracy": stats[1],
+            "lr": lr,
+            "batches": list(self.batches),
+            "compute_s": figs[:, 0].tolist(),
+            "wait_s": figs[:, 1].tolist(),
+            "input_s": figs[:, 2].tolist(),
+            "samples": figs[:, 3].tolist(),
+            "seconds": seg,
+            "efficiency": balance_efficiency(figs[:, 0].tolist(), seg),
+        }
+
+    def _write_events(self, writer, step: int, r: dict) -> None:
+        tf = self.tf
+        with writer.as_default(step=step):
+            tf.summary.scalar("train/loss", r["loss"])
+            tf.summary.scalar("train/accuracy", r["accuracy"])
+            tf.summary.scalar("train/learning_rate", r["lr"])
+            tf.summary.scalar("train/samples_per_sec", sum(r["samples"]) / max(r["seconds"], 1e-9))
+            tf.summary.scalar("balance/efficiency", sum(r["efficiency"]) / len(r["efficiency"]))
+            for i in range(self.size):
+                tf.summary.scalar(f"rank{i}/batch", r["batches"][i])
+                tf.summary.scalar(f"rank{i}/samples_per_sec", r["samples"][i] / max(r["seconds"], 1e-9))
+                tf.summary.scalar(f"rank{i}/compute_s", r["compute_s"][i])
+                tf.summary.scalar(f"rank{i}/wait_s", r["wait_s"][i])
+                tf.summary.scalar(f"rank{i}/input_wait_s", r["input_s"][i])
+
+    def _summary(self, history, totals, rebalances, stats, step, resumed_from, train_s) -> dict:
+        np = self.np
+        ranks = []
+        if history:
+            comp = np.sum([h["compute_s"] for h in history], axis=0)
+            wait = np.sum([h["wait_s"] for h in history], axis=0)
+            inp = np.sum([h["input_s"] for h in history], axis=0)
+            samples = np.sum([h["samples"] for h in history], axis=0)
+            wall = sum(h["seconds"] for h in history)
+            for i in range(self.size):
+                ranks.append({
+                    "rank": i,
+                    "device": self.devices[i],
+                    "batch": self.batches[i],
+                    "samples_per_sec": float(samples[i] / max(comp[i], 1e-9)),
+                    "compute_s": float(comp[i]),
+                    "wait_s": float(wait[i]),
+                    "input_wait_s": float(inp[i]),
+                    "balance_efficiency": float(min(1.0, comp[i] / max(wall, 1e-9))),
+                })
+            total_samples, total_wall = float(samples.sum()), wall
+        else:
+            total_samples, total_wall = 0.0, 0.0
+        return {
+            "global_batch": self.global_batch,
+            "ranks": ranks,
+            "rebalance_events": rebalances,
+            "epochs": self.epochs,
+            "steps": step,
+            "final_loss": stats[0],
+            "final_train_accuracy": stats[1],
+            "train_seconds": train_s,
+            "loop_seconds": total_wall,
+            "samples_per_sec": total_samples / max(total_wall, 1e-9),
+            "input_wait_fraction": float(max((r["input_wait_s"] for r in ranks), default=0.0) / max(total_wall, 1e-9)),
+            "learning_rate": self.base_lr,
+            "saved_model": str(self.out / "saved_model"),
+            "events_dir": str(self.out / "events"),
+            "checkpoint_dir": str(self.ckpt_dir),
+            "resumed_from_step": resumed_from,
+            "history": history[-200:],
+        }
+
+    def _export(self) -> None:
+        """SavedModel with normalisation inside: ``serve(raw features) -> logits``."""
+        tf = self.tf
+        from pipelines.rundir import atomic_path
+
+        model, mean, std = self.model, self.mean, self.std
+
+        class Serving(tf.Module):
+            def __init__(self):
+                super().__init__()
+                self.model = model
+
+            @tf.function(input_signature=[tf.TensorSpec(shape=(None, *self.shape), dtype=tf.float32)])
+            def serve(self, x):
+                return self.model((x - mean) / std, training=False)
+
+        module = Serving()
+        with atomic_path(self.out / "saved_model") as tmp:
+            tf.saved_model.save(module, str(tmp), signatures={"serving_default": module.serve})
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,39 @@
+"""Airflow Params generated from the job spec's JSON schema, so the UI form, the CLI and the
+API validate a run's configuration exactly like ``pipelines.spec`` does."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from pipelines.spec import JobSpec, job_schema
+
+PROJECT_ROOT = Path(__file__).resolve().parents[2]
+
+# Schema keywords that describe a value; everything else (title, ...) is presentation.
+_SCHEMA_KEYS = {"type", "anyOf", "enum", "const", "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum",
+                "minLength", "maxLength", "pattern", "items", "minItems", "maxItems", "properties",
+                "required", "additionalProperties", "format"}
+
+
+def default_job() -> dict:
+    """Defaults for a run: the sample dataset and pools of this checkout, overridable by env."""
+    doc = {
+        "dataset": {"uri": os.environ.get("HETERO_DATASET_URI", str(PROJECT_ROOT / "data" / "sample"))},
+        "pool": os.environ.get("HETERO_POOL", str(PROJECT_ROOT / "examples" / "pool-local.yaml")),
+        "artifact_root": os.environ.get("HETERO_ARTIFACT_ROOT", str(PROJECT_ROOT / "artifacts")),
+    }
+    return JobSpec.model_validate(doc).model_dump(mode="json")
+
+
+def job_params() -> dict:
+    """One Param per top-level spec field, with its schema and the default job's value."""
+    from airflow.sdk import Param
+
+    schema = job_schema()
+    defaults = default_job()
+    params = {}
+    for name, prop in schema["properties"].items():
+        kwargs = {k: v for k, v in prop.items() if k in _SCHEMA_KEYS}
+        params[name] = Param(defaults.get(name), description=prop.get("description", name), title=prop.get("title", name), **kwargs)
+    return params

@@ -1,0 +1,120 @@
+"""Run a pipeline stage as a subprocess in the trainer environment, from an Airflow task.
+
+The command is exactly what a pod runs (``python -m pipelines <stage> ...``) with the trainer
+environment's Python.  Its output is streamed line by line into the task log; a non-zero exit
+fails the task with the stage's own ``ERROR:`` lines; the last line (a JSON document) becomes
+the task's XCom.  If the task is killed, the stage's whole process group is stopped.
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import logging
+import os
+import signal
+import subprocess
+from pathlib import Path
+
+from pipelines.rundir import RunDir
+from pipelines.spec import JobSpec, load_spec
+from pipelines.stages import StageContext
+
+log = logging.getLogger(__name__)
+
+PROJECT_ROOT = Path(__file__).resolve().parents[2]
+
+
+class StageFailed(RuntimeError):
+    """The stage exited non-zero; the message carries its error lines."""
+
+
+def trainer_python() -> str:
+    """The trainer environment's interpreter: $HETERO_TRAINER_PYTHON or <project>/.venv-trainer."""
+    explicit = os.environ.get("HETERO_TRAINER_PYTHON")
+    if explicit:
+        return explicit
+    candidate = PROJECT_ROOT / ".venv-trainer" / "bin" / "python"
+    if candidate.exists():
+        return str(candidate)
+    raise StageFailed(
+        f"no trainer environment: {candidate} does not exist and HETERO_TRAINER_PYTHON is not set; run 'make setup'"
+    )
+
+
+def stage_context(context) -> StageContext:
+    """The stage's view of an Airflow task context."""
+    ti = context["ti"]
+    return StageContext(
+        dag_id=ti.dag_id,
+        run_id=ti.run_id,
+        try_number=int(getattr(ti, "try_number", 1) or 1),
+        data_interval_start=context.get("data_interval_start"),
+        data_interval_end=context.get("data_interval_end"),
+    )
+
+
+def run_dir_for(spec: JobSpec, ctx: StageContext) -> RunDir:
+    return RunDir.for_run(spec.artifact_root, ctx.dag_id, ctx.run_id)
+
+
+def stage_command(stage: str, spec: JobSpec, run_dir: RunDir, ctx: StageContext, python: str) -> list[str]:
+    """The stage command line, shared by the local runner and the stage pods."""
+    return [python, "-m", "pipelines", stage, "--spec", spec.to_json(), "--run-dir", str(run_dir), *ctx.to_args()]
+
+
+def run_local(stage: str, spec: JobSpec, ctx: StageContext, *, python: str | None = None, cwd: str | None = None) -> dict:
+    """Run one stage in the trainer environment and return its JSON result."""
+    run_dir = run_dir_for(spec, ctx)
+    cmd = stage_command(stage, spec, run_dir, ctx, python or trainer_python())
+    log.info("running stage %s in %s", stage, run_dir)
+    env = dict(os.environ)
+    env.setdefault("PYTHONUNBUFFERED", "1")
+    env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    proc = subprocess.Popen(
+        cmd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        env=env,
+        cwd=cwd or str(PROJECT_ROOT),
+        start_new_session=True,
+    )
+    tail: collections.deque[str] = collections.deque(maxlen=40)
+    errors: list[str] = []
+    try:
+        for raw in iter(proc.stdout.readline, b""):
+            line = raw.decode(errors="replace").rstrip("\n")
+            tail.append(line)
+            if line.startswith("ERROR:") or errors:
+                errors.append(line)
+            log.info("%s", line)
+        code = proc.wait()
+    finally:
+        # Killed task, timeout or any exception: stop the stage and everything it started.
+        if proc.poll() is None:
+            _kill_group(proc)
+    if code != 0:
+        detail = "\n".join(errors or list(tail)[-15:])
+        raise StageFailed(f"stage {stage!r} failed with exit code {code}:\n{detail}")
+    for line in reversed(tail):
+        if line.startswith("{"):
+            return json.loads(line)
+    raise StageFailed(f"stage {stage!r} printed no JSON result; last lines:\n" + "\n".join(tail))
+
+
+def _kill_group(proc: subprocess.Popen, grace_s: float = 10.0) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=grace_s)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    except ProcessLookupError:
+        pass
+
+
+def validate_params(params: dict) -> JobSpec:
+    """The DAG run's params as a validated job spec (errors name each bad field)."""
+    doc = {k: v for k, v in dict(params).items() if k in JobSpec.model_fields and v is not None}
+    return load_spec(doc)
+

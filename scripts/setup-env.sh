@@ -1,0 +1,69 @@
+#!/usr/bin/env bash
+# Build (or confirm up to date) one of the project's two environments.
+#   scripts/setup-env.sh airflow   -> .venv          (Airflow 3, cncf.kubernetes provider, dev tools)
+#   scripts/setup-env.sh trainer   -> .venv-trainer  (TensorFlow 2.15.1, Horovod 0.28.1 with Gloo)
+# An environment is rebuilt only when its stamp (a hash of its lock file, pyproject.toml and this
+# script) changes.  The Horovod wheel is cached outside the repository ($HETERO_CACHE, default
+# ~/.cache/hetero-pipelines) so a second set-up on the same machine does not compile it again.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+which_env=${1:?usage: setup-env.sh airflow|trainer}
+PYTHON=${PYTHON:-python3.11}
+CACHE=${HETERO_CACHE:-$HOME/.cache/hetero-pipelines}
+UV_VERSION=0.13.8
+HOROVOD_VERSION=0.28.1
+
+case "$which_env" in
+  airflow) venv=.venv; lock=requirements/airflow.lock ;;
+  trainer) venv=.venv-trainer; lock=requirements/trainer.lock ;;
+  *) echo "unknown environment '$which_env' (airflow|trainer)" >&2; exit 2 ;;
+esac
+
+stamp_value=$(cat "$lock" pyproject.toml "$0" | sha256sum | cut -c1-32)
+stamp_file=$venv/.hetero-stamp
+if [[ -f $stamp_file && $(cat "$stamp_file") == "$stamp_value" && -x $venv/bin/python ]]; then
+  echo "$venv is up to date"
+  exit 0
+fi
+
+command -v "$PYTHON" >/dev/null || { echo "ERROR: $PYTHON not found; install Python 3.11" >&2; exit 1; }
+mkdir -p "$CACHE/wheels" "$CACHE/tools"
+
+# uv (pinned) installs the locked packages quickly; it lives in the cache, not in the repo.
+UV=$CACHE/tools/uv-$UV_VERSION/bin/uv
+if [[ ! -x $UV ]]; then
+  echo "installing uv $UV_VERSION into $CACHE/tools"
+  "$PYTHON" -m venv "$CACHE/tools/uv-$UV_VERSION"
+  "$CACHE/tools/uv-$UV_VERSION/bin/pip" install --quiet "uv==$UV_VERSION"
+fi
+export UV_CACHE_DIR=$CACHE/uv
+
+echo "building $venv from $lock"
+rm -rf "$venv"
+"$PYTHON" -m venv "$venv"
+"$UV" pip install --quiet --python "$venv/bin/python" -r "$lock"
+"$UV" pip install --quiet --python "$venv/bin/python" --no-deps -e .
+
+if [[ $which_env == trainer ]]; then
+  tf_version=$("$venv/bin/python" -c 'import tensorflow as tf; print(tf.__version__)' 2>/dev/null)
+  py_tag=$("$venv/bin/python" -c 'import sys; print(f"cp{sys.version_info[0]}{sys.version_info[1]}")')
+  wheel_dir=$CACHE/wheels/horovod-$HOROVOD_VERSION-tf$tf_version-$py_tag
+  if ! ls "$wheel_dir"/horovod-*.whl >/dev/null 2>&1; then
+    echo "compiling horovod $HOROVOD_VERSION against TensorFlow $tf_version (about 7 minutes on 2 cores)"
+    tmp=$(mktemp -d)
+    HOROVOD_WITH_TENSORFLOW=1 HOROVOD_WITH_GLOO=1 HOROVOD_WITHOUT_MPI=1 \
+    HOROVOD_WITHOUT_PYTORCH=1 HOROVOD_WITHOUT_MXNET=1 MAKEFLAGS=-j"$(nproc)" \
+      "$venv/bin/pip" wheel --quiet --no-build-isolation --no-deps --no-cache-dir \
+        "horovod==$HOROVOD_VERSION" -w "$tmp"
+    mkdir -p "$wheel_dir" && mv "$tmp"/horovod-*.whl "$wheel_dir"/ && rmdir "$tmp"
+  fi
+  "$UV" pip install --quiet --python "$venv/bin/python" --no-deps "$wheel_dir"/horovod-*.whl
+  check=$("$venv/bin/horovodrun" --check-build)
+  echo "$check" | grep -q '\[X\] TensorFlow' || { echo "ERROR: horovod was built without TensorFlow:"; echo "$check"; exit 1; } >&2
+  echo "$check" | grep -q '\[X\] Gloo' || { echo "ERROR: horovod was built without Gloo:"; echo "$check"; exit 1; } >&2
+  echo "horovod $HOROVOD_VERSION: TensorFlow and Gloo available"
+fi
+
+echo "$stamp_value" > "$stamp_file"
+echo "$venv is ready"
