@@ -1,0 +1,434 @@
+"""A self-contained HTML report of one training run: curves, per-rank balance, timing, evaluation.
+
+Figures are drawn with matplotlib's Agg renderer (``matplotlib.figure.Figure``, no pyplot state)
+and embedded as base64 PNG, so the report is one file that opens anywhere.  Every string that
+comes from the run is escaped.  A section whose inputs are missing says why instead of failing.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import io
+import math
+import re
+from collections.abc import Sequence
+from typing import Any
+
+__all__ = ["SECTIONS", "build_report", "figure_to_data_uri"]
+
+# Section headings, in order (tests and the README refer to them).
+SECTIONS = (
+    "Summary",
+    "Training curves",
+    "Learning-rate schedule",
+    "Per-rank throughput and waiting",
+    "Balance efficiency",
+    "Re-balance events",
+    "Predicted vs actual run time",
+    "Learning-rate range test",
+    "Held-out evaluation",
+)
+
+_CSS = """
+body{font-family:system-ui,sans-serif;max-width:1100px;margin:2em auto;padding:0 1em;color:#222}
+h1{border-bottom:2px solid #444}h2{margin-top:2em;border-bottom:1px solid #ccc}
+table{border-collapse:collapse;margin:.5em 0}td,th{border:1px solid #ccc;padding:3px 8px;text-align:right}
+th{background:#f2f2f2}td.l,th.l{text-align:left}img{max-width:100%}p.missing{color:#888;font-style:italic}
+"""
+
+_RANK_TAG = re.compile(r"^rank(\d+)/(.+)$")
+
+
+# ------------------------------------------------------------------------------- formatting
+
+
+def _e(value: Any) -> str:
+    return html.escape(str(value), quote=True)
+
+
+def _num(value: Any, digits: int = 4) -> str:
+    if value is None:
+        return "–"
+    if isinstance(value, bool):
+        return str(value)
+    if isinstance(value, int):
+        return f"{value:,}"
+    if isinstance(value, float):
+        if math.isnan(value) or math.isinf(value):
+            return str(value)
+        return f"{value:.{digits}g}"
+    return _e(value)
+
+
+def _pct(value: float | None) -> str:
+    return "–" if value is None else f"{100 * value:.1f}%"
+
+
+def _table(headers: Sequence[str], rows: Sequence[Sequence[Any]], left: int = 1) -> str:
+    """An HTML table; cells are escaped (numbers formatted); the first ``left`` columns left-aligned."""
+    head = "".join(
+        f'<th class="l">{_e(h)}</th>' if i < left else f"<th>{_e(h)}</th>" for i, h in enumerate(headers)
+    )
+    body = []
+    for row in rows:
+        cells = "".join(
+            f'<td class="l">{_e(c)}</td>' if i < left else f"<td>{c if isinstance(c, _Raw) else _num(c)}</td>"
+            for i, c in enumerate(row)
+        )
+        body.append(f"<tr>{cells}</tr>")
+    return f"<table><tr>{head}</tr>{''.join(body)}</table>"
+
+
+class _Raw(str):
+    """Pre-formatted (already escaped) cell text."""
+
+
+def _missing(reason: str) -> str:
+    return f'<p class="missing">{_e(reason)}</p>'
+
+
+def figure_to_data_uri(fig: Any) -> str:
+    """A matplotlib Figure as a ``data:image/png;base64,...`` URI."""
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=90)
+    return "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode("ascii")
+
+
+def _img(fig: Any, alt: str) -> str:
+    return f'<img alt="{_e(alt)}" src="{figure_to_data_uri(fig)}">'
+
+
+def _figure(ncols: int = 1, width: float = 6.0, height: float = 3.2) -> tuple[Any, list[Any]]:
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(width * ncols, height), layout="constrained")
+    axes = [fig.add_subplot(1, ncols, i + 1) for i in range(ncols)]
+    return fig, axes
+
+
+def _xy(points: Sequence[tuple[int, float, float]]) -> tuple[list[int], list[float]]:
+    return [p[0] for p in points], [p[2] for p in points]
+
+
+# ---------------------------------------------------------------------------------- sections
+
+
+def _summary(train: dict, evaluation: dict | None, estimate: dict | None, metrics: dict) -> str:
+    rows = [
+        ("Held-out accuracy", _Raw(_pct((evaluation or {}).get("accuracy")))),
+        ("Held-out rows", (evaluation or {}).get("rows")),
+        ("Final training loss", train.get("final_loss")),
+        ("Epochs / steps", _Raw(f"{_num(train.get('epochs'))} / {_num(train.get('steps'))}")),
+        ("Global batch", train.get("global_batch")),
+        ("Ranks", len(train.get("ranks") or [])),
+        ("Training throughput (samples/s)", train.get("samples_per_sec")),
+        ("Mean balance efficiency", _Raw(_pct(metrics.get("balance_efficiency")))),
+        ("Learning rate", train.get("learning_rate")),
+        ("Training time (s)", train.get("train_seconds")),
+        ("Predicted time (s)", ((estimate or {}).get("plan") or {}).get("predicted_total_s")),
+        ("Resumed from step", train.get("resumed_from_step")),
+    ]
+    return _table(["Quantity", "Value"], rows)
+
+
+def _curves(scalars: dict) -> str:
+    panels = [
+        (t, label) for t, label in (("train/loss", "loss"), ("train/accuracy", "accuracy")) if scalars.get(t)
+    ]
+    if not panels:
+        return _missing("No train/loss or train/accuracy scalars in the event files.")
+    fig, axes = _figure(len(panels))
+    for ax, (tag, label) in zip(axes, panels, strict=True):
+        ax.plot(*_xy(scalars[tag]), marker=".", color="C0" if label == "loss" else "C2")
+        ax.set(title=f"Training {label}", xlabel="step", ylabel=label)
+        ax.grid(alpha=0.3)
+    return _img(fig, "training loss and accuracy")
+
+
+def _lr_schedule(scalars: dict) -> str:
+    points = scalars.get("train/learning_rate")
+    if not points:
+        return _missing("No train/learning_rate scalars in the event files.")
+    fig, (ax,) = _figure()
+    ax.plot(*_xy(points), color="C1")
+    ax.set(title="Learning rate (warm-up, then schedule)", xlabel="step", ylabel="learning rate")
+    ax.grid(alpha=0.3)
+    return _img(fig, "learning rate schedule")
+
+
+def _rank_series(scalars: dict, name: str) -> dict[int, list]:
+    out: dict[int, list] = {}
+    for tag, points in scalars.items():
+        m = _RANK_TAG.match(tag)
+        if m and m.group(2) == name and points:
+            out[int(m.group(1))] = points
+    return dict(sorted(out.items()))
+
+
+def _per_rank(train: dict, scalars: dict) -> str:
+    ranks = sorted(train.get("ranks") or [], key=lambda r: r.get("rank", 0))
+    parts = []
+    if ranks:
+        labels = [f"{r.get('rank')}\n{r.get('device', '')}" for r in ranks]
+        x = list(range(len(ranks)))
+        compute = [float(r.get("compute_s") or 0) for r in ranks]
+        wait = [float(r.get("wait_s") or 0) for r in ranks]
+        input_wait = [float(r.get("input_wait_s") or 0) for r in ranks]
+        fig, (ax1, ax2, ax3) = _figure(3, width=4.2)
+        ax1.bar(x, compute, label="compute", color="C0")
+        ax1.bar(x, wait, bottom=compute, label="allreduce wait", color="C3")
+        ax1.bar(
+            x,
+            input_wait,
+            bottom=[c + w for c, w in zip(compute, wait, strict=True)],
+            label="input wait",
+            color="C7",
+        )
+        ax1.set(title="Time per rank", ylabel="seconds")
+        ax1.legend(fontsize=8)
+        ax2.bar(x, [float(r.get("samples_per_sec") or 0) for r in ranks], color="C2")
+        ax2.set(title="Throughput per rank", ylabel="samples / s")
+        ax3.bar(x, [float(r.get("batch") or 0) for r in ranks], color="C4")
+        ax3.set(title="Local batch per rank", ylabel="samples")
+        for ax in (ax1, ax2, ax3):
+            ax.set_xticks(x, labels, fontsize=8)
+            ax.set_xlabel("rank / device")
+        parts.append(_img(fig, "per-rank time, throughput and batch"))
+        rows = [
+            (
+                r.get("rank"),
+                r.get("device", ""),
+                r.get("batch"),
+                r.get("samples_per_sec"),
+                r.get("compute_s"),
+                r.get("wait_s"),
+                r.get("input_wait_s"),
+                _Raw(_pct(r.get("balance_efficiency"))),
+            )
+            for r in ranks
+        ]
+        headers = [
+            "Rank",
+            "Device",
+            "Batch",
+            "Samples/s",
+            "Compute s",
+            "Allreduce wait s",
+            "Input wait s",
+            "Efficiency",
+        ]
+        parts.append(_table(headers, rows, left=2))
+    else:
+        parts.append(_missing("The train result lists no ranks."))
+    series = _rank_series(scalars, "samples_per_sec")
+    batches = _rank_series(scalars, "batch")
+    if series or batches:
+        panels = [(s, t) for s, t in ((series, "samples / s"), (batches, "local batch")) if s]
+        fig, axes = _figure(len(panels))
+        for ax, (data, ylabel) in zip(axes, panels, strict=True):
+            for rank, points in data.items():
+                ax.plot(*_xy(points), label=f"rank {rank}")
+            ax.set(title=f"{ylabel} per rank over training", xlabel="step", ylabel=ylabel)
+            ax.legend(fontsize=8)
+            ax.grid(alpha=0.3)
+        parts.append(_img(fig, "per-rank throughput and batch over time"))
+    return "".join(parts)
+
+
+def _balance(scalars: dict, metrics: dict) -> str:
+    points = scalars.get("balance/efficiency")
+    text = f"<p>Mean over ranks at the end of training: {_pct(metrics.get('balance_efficiency'))}.</p>"
+    if not points:
+        return text + _missing("No balance/efficiency scalars in the event files.")
+    fig, (ax,) = _figure()
+    ax.plot(*_xy(points), color="C5")
+    ax.axhline(1.0, color="grey", linestyle="--", linewidth=1)
+    ax.set(title="Balance efficiency (1 = no rank waits)", xlabel="step", ylabel="efficiency")
+    ax.set_ylim(0, 1.05)
+    ax.grid(alpha=0.3)
+    return text + _img(fig, "balance efficiency over time")
+
+
+def _rebalances(train: dict) -> str:
+    events = train.get("rebalance_events") or []
+    if not events:
+        return _missing("No re-balancing happened: batch sizes stayed as planned.")
+    rows = [
+        (
+            e.get("step"),
+            e.get("epoch"),
+            _Raw(_e(e.get("old"))),
+            _Raw(_e(e.get("new"))),
+            _Raw(_e(e.get("reason", ""))),
+        )
+        for e in events
+    ]
+    return _table(["Step", "Epoch", "Old batches", "New batches", "Reason"], rows, left=0)
+
+
+def _timing(train: dict, estimate: dict | None, metrics: dict) -> str:
+    plan = (estimate or {}).get("plan") or {}
+    predicted, actual = plan.get("predicted_total_s"), train.get("train_seconds")
+    if predicted is None or actual is None:
+        why = (
+            "no estimate result (the plan was given, not estimated)"
+            if not estimate
+            else "missing timing fields"
+        )
+        return _missing(f"Cannot compare predicted and actual run time: {why}.")
+    parts = [
+        f"<p>Predicted {_num(predicted)} s, actual {_num(actual)} s; relative error "
+        f"{_pct(metrics.get('prediction_error'))} (positive: the estimate was too high).</p>"
+    ]
+    plan_ranks = {r.get("rank"): r for r in plan.get("ranks") or []}
+    train_ranks = {r.get("rank"): r for r in train.get("ranks") or []}
+    common = sorted(k for k in plan_ranks.keys() & train_ranks.keys() if k is not None)
+    fig, axes = _figure(2 if common else 1, width=4.5)
+    axes[0].bar([0, 1], [predicted, actual], color=["C0", "C1"])
+    axes[0].set_xticks([0, 1], ["predicted", "actual"])
+    axes[0].set(title="Training run time", ylabel="seconds")
+    if common:
+        width = 0.4
+        axes[1].bar(
+            [k - width / 2 for k in common],
+            [plan_ranks[k].get("samples_per_sec") or 0 for k in common],
+            width,
+            label="predicted",
+        )
+        axes[1].bar(
+            [k + width / 2 for k in common],
+            [train_ranks[k].get("samples_per_sec") or 0 for k in common],
+            width,
+            label="measured",
+        )
+        axes[1].set_xticks(common)
+        axes[1].set(title="Throughput per rank", xlabel="rank", ylabel="samples / s")
+        axes[1].legend(fontsize=8)
+    parts.append(_img(fig, "predicted vs actual run time"))
+    return "".join(parts)
+
+
+def _lr_test(lr_search: dict | None) -> str:
+    if not lr_search:
+        return _missing("The learning-rate range test did not run (no lr_search result).")
+    curve = lr_search.get("curve") or {}
+    lrs, losses = curve.get("lr") or [], curve.get("loss") or []
+    chosen = lr_search.get("learning_rate")
+    if lr_search.get("method") == "fixed" or not lrs:
+        return _missing(
+            f"No range test: the learning rate was fixed at {_num(chosen)} "
+            f"(method {lr_search.get('method', 'unknown')!s})."
+        )
+    fig, (ax,) = _figure(width=7, height=3.6)
+    ax.plot(lrs, losses, color="C0", alpha=0.45, label="loss")
+    smoothed = curve.get("smoothed") or []
+    if len(smoothed) == len(lrs):
+        ax.plot(lrs, smoothed, color="C0", label="smoothed")
+    lo_hi = lr_search.get("lr_range") or []
+    if len(lo_hi) == 2 and all(v and v > 0 for v in lo_hi):
+        ax.axvspan(lo_hi[0], lo_hi[1], color="C2", alpha=0.15, label="suggested range")
+    if chosen:
+        ax.axvline(chosen, color="C2", linestyle="--", label=f"chosen {chosen:.3g}")
+    if lr_search.get("diverged_at"):
+        ax.axvline(lr_search["diverged_at"], color="C3", linestyle=":", label="diverged")
+    ax.set_xscale("log")
+    ax.set(title="Learning-rate range test", xlabel="learning rate (log scale)", ylabel="loss")
+    ax.grid(alpha=0.3, which="both")
+    ax.legend(fontsize=8)
+    info = (
+        f"<p>Chosen learning rate {_num(chosen)} (range {_e([_num(v) for v in lo_hi])}) at global batch "
+        f"{_num(lr_search.get('global_batch'))}, {_num(lr_search.get('steps'))} steps, method "
+        f"{_e(lr_search.get('method', ''))}.</p>"
+    )
+    return info + _img(fig, "learning-rate range test")
+
+
+def _evaluation(evaluation: dict | None, class_counts: dict | None) -> str:
+    if not evaluation or evaluation.get("accuracy") is None:
+        return _missing("No held-out evaluation (no held-out rows or no model).")
+    per_class = evaluation.get("per_class_accuracy") or []
+    confusion = evaluation.get("confusion") or []
+    parts = [
+        f"<p>Held-out accuracy: <b>{_pct(evaluation['accuracy'])}</b> on {_num(evaluation.get('rows'))} rows.</p>"
+    ]
+    rows = [
+        (
+            str(c),
+            sum(confusion[c]) if c < len(confusion) else None,
+            (class_counts or {}).get(str(c)),
+            _Raw(_pct(acc)),
+        )
+        for c, acc in enumerate(per_class)
+    ]
+    parts.append(_table(["Class", "Held-out rows", "Training rows", "Accuracy"], rows))
+    if confusion:
+        n = len(confusion)
+        fig, (ax,) = _figure(width=max(3.5, 0.45 * n + 2), height=max(3.0, 0.45 * n + 1.5))
+        image = ax.imshow(confusion, cmap="Blues")
+        fig.colorbar(image, ax=ax, fraction=0.046)
+        if n <= 20:
+            peak = max(max(r) for r in confusion) or 1
+            for t in range(n):
+                for p in range(n):
+                    colour = "white" if confusion[t][p] > peak / 2 else "black"
+                    ax.text(p, t, str(confusion[t][p]), ha="center", va="center", fontsize=8, color=colour)
+        ax.set_xticks(range(n))
+        ax.set_yticks(range(n))
+        ax.set(title="Confusion matrix", xlabel="predicted class", ylabel="true class")
+        parts.append(_img(fig, "confusion matrix"))
+    return "".join(parts)
+
+
+# ------------------------------------------------------------------------------------ report
+
+
+def build_report(
+    *,
+    train: dict,
+    scalars: dict[str, list[tuple[int, float, float]]],
+    metrics: dict[str, Any],
+    evaluation: dict | None = None,
+    estimate: dict | None = None,
+    lr_search: dict | None = None,
+    preload: dict | None = None,
+    title: str = "Training report",
+) -> str:
+    """The HTML report (one self-contained string).
+
+    ``train``, ``estimate``, ``lr_search``, ``preload`` are the stages' result dicts (see
+    docs/CONTRACTS.md; the last three may be None), ``scalars`` comes from
+    :func:`pipelines.analyze.events.read_scalars`, ``evaluation`` from
+    :func:`pipelines.analyze.evaluate.evaluate` and ``metrics`` holds the derived figures
+    (``balance_efficiency``, ``prediction_error``).
+    """
+    bodies = {
+        "Summary": _summary(train, evaluation, estimate, metrics),
+        "Training curves": _curves(scalars),
+        "Learning-rate schedule": _lr_schedule(scalars),
+        "Per-rank throughput and waiting": _per_rank(train, scalars),
+        "Balance efficiency": _balance(scalars, metrics),
+        "Re-balance events": _rebalances(train),
+        "Predicted vs actual run time": _timing(train, estimate, metrics),
+        "Learning-rate range test": _lr_test(lr_search),
+        "Held-out evaluation": _evaluation(evaluation, (preload or {}).get("class_counts")),
+    }
+    sections = "\n".join(
+        f'<section id="{_e(_slug(name))}"><h2>{_e(name)}</h2>{bodies[name]}</section>' for name in SECTIONS
+    )
+    data_note = ""
+    if preload:
+        data_note = (
+            f"<p>Data: {_num(preload.get('rows_train'))} training and {_num(preload.get('rows_holdout'))} "
+            f"held-out rows, {_num(preload.get('num_classes'))} classes, partitions "
+            f"{_e(', '.join(map(str, preload.get('partitions') or [])) or 'none')}.</p>"
+        )
+    return (
+        '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
+        f"<title>{_e(title)}</title><style>{_CSS}</style></head><body>"
+        f"<h1>{_e(title)}</h1>{data_note}\n{sections}\n</body></html>\n"
+    )
+
+
+def _slug(name: str) -> str:
+    return re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-")

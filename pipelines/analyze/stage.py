@@ -1,0 +1,131 @@
+"""The analyze stage: read the run's results and event files, evaluate on held-out data, report.
+
+Writes ``analyze/report.html`` (self-contained) and ``analyze/metrics.json`` into the run
+directory and returns the headline figures (see :func:`run`).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+from typing import Any
+
+from pipelines.analyze.evaluate import evaluate
+from pipelines.analyze.events import EventsNotFoundError, read_scalars
+from pipelines.analyze.report import build_report
+from pipelines.rundir import RunDir, input_key, write_json, write_text
+from pipelines.spec import JobSpec
+from pipelines.stages import StageContext
+
+__all__ = ["REPORT_VERSION", "run", "derived_metrics"]
+
+log = logging.getLogger(__name__)
+
+REPORT_VERSION = 1  # bump when the report or metrics change, so completed runs are redone
+
+
+def _optional_result(run_dir: RunDir, stage: str) -> dict | None:
+    try:
+        return run_dir.read_result(stage)
+    except FileNotFoundError:
+        log.info("no %s result in %s; its report section will say so", stage, run_dir)
+        return None
+
+
+def _location(value: str | None, run_dir: RunDir, default: str) -> str:
+    """A path from a result (absolute, a URI, or relative to the run directory)."""
+    if not value:
+        return str(run_dir.root / default)
+    if "://" in value or os.path.isabs(value):
+        return value
+    return str(run_dir.root / value)
+
+
+def derived_metrics(train: dict, estimate: dict | None) -> dict[str, Any]:
+    """``balance_efficiency`` (mean over ranks), ``predicted_total_s``, ``actual_train_s``,
+    ``prediction_error`` ((predicted - actual) / actual; None when either is missing) and
+    ``samples_per_sec`` from the train and estimate results."""
+    effs = [
+        r["balance_efficiency"] for r in train.get("ranks") or [] if r.get("balance_efficiency") is not None
+    ]
+    predicted = ((estimate or {}).get("plan") or {}).get("predicted_total_s")
+    actual = train.get("train_seconds")
+    error = (predicted - actual) / actual if predicted is not None and actual else None
+    return {
+        "balance_efficiency": sum(effs) / len(effs) if effs else None,
+        "predicted_total_s": predicted,
+        "actual_train_s": actual,
+        "prediction_error": error,
+        "samples_per_sec": train.get("samples_per_sec"),
+    }
+
+
+def run(spec: JobSpec, run_dir: RunDir, ctx: StageContext) -> dict[str, Any]:
+    """Analyse a finished run.
+
+    Reads ``preload`` and ``train`` results (required) and ``estimate`` and ``lr_search`` results
+    (optional), the train event files, and evaluates ``train/saved_model`` on the held-out shards.
+    Returns ``{report, metrics, holdout_accuracy, per_class_accuracy, balance_efficiency,
+    predicted_total_s, actual_train_s, prediction_error, samples_per_sec, input_key}``.
+    """
+    preload = run_dir.read_result("preload")
+    train = run_dir.read_result("train")
+    estimate = _optional_result(run_dir, "estimate")
+    lr_search = _optional_result(run_dir, "lr_search")
+    # Whole upstream results: a retrained model (new train_seconds) must be analysed again.
+    key = input_key("analyze", REPORT_VERSION, preload, train, estimate, lr_search)
+    done = run_dir.completed("analyze", key)
+    if done is not None and not ctx.fresh:
+        log.info("analyze already completed for these inputs; returning the stored result")
+        return done
+
+    events_dir = _location(train.get("events_dir"), run_dir, "train/events")
+    try:
+        scalars = read_scalars(events_dir)
+    except EventsNotFoundError as e:
+        log.warning("%s; the report's curves will be empty", e)
+        scalars = {}
+
+    feature_shape = preload.get("feature_shape") or spec.dataset.feature_shape
+    num_classes = int(preload.get("num_classes") or spec.dataset.num_classes)
+    evaluation = evaluate(
+        _location(train.get("saved_model"), run_dir, "train/saved_model"),
+        preload.get("holdout_shards") or [],
+        feature_shape,
+        num_classes,
+    )
+    metrics = derived_metrics(train, estimate)
+
+    out = run_dir.stage("analyze")
+    report_path = Path(out) / "report.html"
+    title = f"Training report: {ctx.dag_id} / {ctx.run_id}"
+    html_text = build_report(
+        train=train,
+        scalars=scalars,
+        metrics=metrics,
+        evaluation=evaluation,
+        estimate=estimate,
+        lr_search=lr_search,
+        preload=preload,
+        title=title,
+    )
+    write_text(report_path, html_text)
+    last = {tag: points[-1][2] for tag, points in scalars.items()}
+    metrics_path = write_json(
+        Path(out) / "metrics.json",
+        {
+            **metrics,
+            **{f"holdout_{k}": v for k, v in evaluation.items()},
+            "last_scalars": last,
+            "input_key": key,
+        },
+    )
+    return {
+        "report": str(report_path),
+        "metrics": str(metrics_path),
+        "holdout_accuracy": evaluation["accuracy"],
+        "per_class_accuracy": evaluation["per_class_accuracy"],
+        **metrics,
+        "input_key": key,
+    }

@@ -1,0 +1,319 @@
+"""Tests of the analyze stage: event parsing (against files TensorFlow wrote), evaluation, report."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from pipelines.analyze import events
+from pipelines.analyze.evaluate import confusion_metrics, iter_holdout
+from pipelines.analyze.report import SECTIONS, build_report
+from pipelines.errors import DataError
+from pipelines.rundir import RunDir, write_json
+from pipelines.spec import load_spec
+from pipelines.stages import StageContext, resolve
+
+pytestmark = pytest.mark.trainer
+
+tf = pytest.importorskip("tensorflow")
+pa = pytest.importorskip("pyarrow")
+
+FEATURE_SHAPE = [4, 4, 1]
+NUM_CLASSES = 3
+
+
+def write_tf_events(logdir: Path, scalars: dict[str, list[tuple[int, float]]], dtype=None) -> Path:
+    """Write scalars with the real TF2 summary API; returns the event file it created."""
+    before = set(logdir.glob("events.out.tfevents.*")) if logdir.exists() else set()
+    writer = tf.summary.create_file_writer(str(logdir))
+    with writer.as_default():
+        for tag, points in scalars.items():
+            for step, value in points:
+                tf.summary.scalar(tag, tf.constant(value, dtype=dtype or tf.float32), step=step)
+        tf.summary.histogram("ignored/histogram", [1.0, 2.0, 3.0], step=0)  # not a scalar: skipped
+        tf.summary.text("ignored/text", "hello", step=0)
+    writer.close()
+    (new,) = set(logdir.glob("events.out.tfevents.*")) - before
+    return new
+
+
+# ------------------------------------------------------------------------------------- events
+
+
+def test_crc32c_matches_the_standard_check_value():
+    assert events.crc32c(b"123456789") == 0xE3069283
+    assert events.crc32c(b"") == 0
+
+
+def test_reads_tf2_tensor_scalars_across_files_and_tags(tmp_path):
+    logdir = tmp_path / "events"
+    write_tf_events(
+        logdir, {"train/loss": [(s, 1.0 / (s + 1)) for s in range(5)], "rank0/batch": [(0, 24.0)]}
+    )
+    write_tf_events(logdir, {"train/loss": [(s, 0.1) for s in range(5, 8)]})
+    write_tf_events(logdir / "sub", {"train/learning_rate": [(3, 0.125)]}, dtype=tf.float64)
+
+    scalars = events.read_scalars(logdir)
+
+    assert set(scalars) == {"train/loss", "rank0/batch", "train/learning_rate"}
+    loss = scalars["train/loss"]
+    assert [p[0] for p in loss] == list(range(8))
+    np.testing.assert_allclose([p[2] for p in loss], [1.0, 0.5, 1 / 3, 0.25, 0.2, 0.1, 0.1, 0.1], rtol=1e-6)
+    assert all(p[1] > 1e9 for p in loss)  # wall times in seconds since the epoch
+    assert scalars["rank0/batch"] == [(0, pytest.approx(scalars["rank0/batch"][0][1]), 24.0)]
+    assert scalars["train/learning_rate"][0][2] == 0.125  # DT_DOUBLE kept exactly
+
+
+def test_repeated_step_keeps_the_latest_value(tmp_path):
+    write_tf_events(tmp_path, {"train/loss": [(0, 5.0), (1, 4.0)]})
+    write_tf_events(tmp_path, {"train/loss": [(1, 3.0), (2, 2.0)]})  # resumed run repeats step 1
+    assert [(s, v) for s, _, v in events.read_scalars(tmp_path)["train/loss"]] == [
+        (0, 5.0),
+        (1, 3.0),
+        (2, 2.0),
+    ]
+
+
+def test_file_uri_goes_through_pyarrow_and_matches_local(tmp_path):
+    write_tf_events(tmp_path, {"a": [(1, 2.0), (2, 3.0)]})
+    assert events.read_scalars(tmp_path.as_uri()) == events.read_scalars(tmp_path)
+    fs = pa.fs.LocalFileSystem()
+    assert events.read_scalars(str(tmp_path), fs=fs)["a"][1][2] == 3.0
+
+
+@pytest.mark.parametrize("where", ["header", "payload", "crc"])
+def test_truncated_tail_is_ignored(tmp_path, where):
+    path = write_tf_events(tmp_path / "full", {"train/loss": [(s, float(s)) for s in range(6)]})
+    data = path.read_bytes()
+    records = list(events.iter_records(data))
+    # Cut into the record of step 5 as a killed writer would (dropping the records after it).
+    start, payload = next((o, p) for o, p in records if events.parse_event(p)[0] == 5)
+    stop = {
+        "header": start + 7,
+        "payload": start + 12 + len(payload) // 2,
+        "crc": start + 12 + len(payload) + 2,
+    }
+    trunc = tmp_path / "trunc" / path.name
+    trunc.parent.mkdir()
+    trunc.write_bytes(data[: stop[where]])
+    assert [p[0] for p in events.read_scalars(trunc.parent)["train/loss"]] == [0, 1, 2, 3, 4]
+
+
+def test_corrupt_record_in_the_middle_names_file_and_offset(tmp_path):
+    path = write_tf_events(tmp_path, {"train/loss": [(s, float(s)) for s in range(4)]})
+    data = bytearray(path.read_bytes())
+    offset = [o for o, _ in events.iter_records(bytes(data))][2]
+    data[offset + 14] ^= 0xFF  # a byte inside the payload of the third record
+    path.write_bytes(bytes(data))
+    with pytest.raises(events.EventFileError) as err:
+        events.read_scalars(tmp_path)
+    assert path.name in str(err.value) and f"offset {offset}" in str(err.value)
+    # Without verification the framing still holds and the other records are read.
+    assert len(events.read_scalars(tmp_path, verify=False)["train/loss"]) >= 3
+
+
+def test_missing_event_folder_raises_naming_it(tmp_path):
+    with pytest.raises(events.EventsNotFoundError, match="nowhere"):
+        events.read_scalars(tmp_path / "nowhere")
+
+
+def test_events_module_does_not_import_tensorflow(tmp_path):
+    write_tf_events(tmp_path, {"x": [(0, 1.0)]})
+    code = (
+        "import sys, pipelines.analyze.events as e; "
+        f"s = e.read_scalars({str(tmp_path)!r}); assert s['x'][0][2] == 1.0, s; "
+        "assert 'tensorflow' not in sys.modules; print('ok')"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr
+
+
+# ------------------------------------------------------------------------------ synthetic run
+
+
+def make_holdout(n: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+    """Features where class c has a bright c-th third of the image, plus noise (some mistakes)."""
+    labels = rng.integers(0, NUM_CLASSES, n).astype(np.int32)
+    x = rng.normal(0, 1.5, (n, 16)).astype(np.float32)
+    for c in range(NUM_CLASSES):
+        x[labels == c, c * 5 : c * 5 + 5] += 1.0
+    return x, labels
+
+
+def write_shard(path: Path, x: np.ndarray, y: np.ndarray) -> str:
+    features = pa.FixedSizeListArray.from_arrays(pa.array(x.reshape(-1), pa.float32()), x.shape[1])
+    table = pa.table({"features": features, "label": pa.array(y, pa.int32())})
+    with pa.OSFile(str(path), "wb") as sink, pa.ipc.new_file(sink, table.schema) as writer:
+        writer.write_table(table)
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory) -> tuple[RunDir, dict]:
+    root = tmp_path_factory.mktemp("run")
+    rd = RunDir(root)
+    rng = np.random.default_rng(0)
+    x, y = make_holdout(50, rng)
+    shards = [
+        write_shard(rd.stage("preload") / f"holdout-{i}.arrow", x[s], y[s])
+        for i, s in enumerate((slice(0, 30), slice(30, 50)))
+    ]
+
+    weights = np.zeros((16, NUM_CLASSES), np.float32)
+    for c in range(NUM_CLASSES):
+        weights[c * 5 : c * 5 + 5, c] = 1.0
+    bias = np.array([0.0, 0.3, -0.2], np.float32)
+    model = tf.keras.Sequential(
+        [
+            tf.keras.layers.Input(shape=FEATURE_SHAPE),
+            tf.keras.layers.Flatten(),
+            tf.keras.layers.Dense(NUM_CLASSES),
+        ]
+    )
+    model.layers[-1].set_weights([weights, bias])
+    model.export(str(rd.stage("train") / "saved_model"))
+    pred = (x @ weights + bias).argmax(axis=1)
+    expected = np.zeros((NUM_CLASSES, NUM_CLASSES), int)
+    np.add.at(expected, (y, pred), 1)
+
+    write_tf_events(
+        rd.stage("train") / "events",
+        {
+            "train/loss": [(s, 2.0 / (s + 1)) for s in range(0, 50, 10)],
+            "train/accuracy": [(s, 0.3 + s / 100) for s in range(0, 50, 10)],
+            "train/learning_rate": [(s, min(0.1, 0.02 * (s / 10 + 1))) for s in range(0, 50, 10)],
+            "balance/efficiency": [(s, 0.8 + s / 500) for s in range(0, 50, 10)],
+            **{
+                f"rank{r}/samples_per_sec": [(s, 100.0 * (2 - r) + s) for s in range(0, 50, 10)]
+                for r in range(2)
+            },
+            **{f"rank{r}/batch": [(s, 40.0 - 16 * r) for s in range(0, 50, 10)] for r in range(2)},
+        },
+    )
+    results = {
+        "preload": {
+            "train_shards": [], "holdout_shards": shards, "rows_train": 500, "rows_holdout": 50,
+            "num_classes": NUM_CLASSES, "feature_shape": FEATURE_SHAPE, "class_counts": {"0": 170, "1": 160, "2": 170},
+            "partitions": ["2026-01-01"], "input_key": "p1",
+        },
+        "estimate": {"plan": {"predicted_total_s": 12.0, "ranks": [
+            {"rank": 0, "device": "fast", "batch": 40, "samples_per_sec": 210.0},
+            {"rank": 1, "device": "slow", "batch": 24, "samples_per_sec": 90.0}]}, "input_key": "e1"},
+        "lr_search": {"learning_rate": 0.05, "lr_range": [0.01, 0.1], "global_batch": 64, "steps": 6,
+                      "curve": {"lr": [1e-4, 1e-3, 1e-2, 1e-1, 1.0, 3.0], "loss": [1.1, 1.08, 0.9, 0.7, 1.5, 9.0],
+                                "smoothed": [1.1, 1.09, 0.99, 0.85, 1.1, 4.0]},
+                      "diverged_at": 3.0, "method": "range_test", "input_key": "l1"},
+        "train": {
+            "global_batch": 64, "epochs": 2, "steps": 50, "final_loss": 0.4, "train_seconds": 10.0,
+            "samples_per_sec": 320.0, "learning_rate": 0.05,
+            "ranks": [
+                {"rank": 0, "device": "fast", "batch": 40, "samples_per_sec": 200.0, "compute_s": 8.0,
+                 "wait_s": 1.0, "input_wait_s": 0.2, "balance_efficiency": 0.9},
+                {"rank": 1, "device": "slow", "batch": 24, "samples_per_sec": 120.0, "compute_s": 9.0,
+                 "wait_s": 0.3, "input_wait_s": 0.1, "balance_efficiency": 0.8},
+            ],
+            "rebalance_events": [{"step": 20, "epoch": 1, "old": [40, 24], "new": [42, 22], "reason": "<script>drift</script>"}],
+            "saved_model": str(rd.root / "train" / "saved_model"), "events_dir": str(rd.root / "train" / "events"),
+            "input_key": "t1",
+        },
+    }  # fmt: skip
+    for stage, result in results.items():
+        write_json(rd.result_path(stage), result)
+    return rd, {"confusion": expected, "x": x, "y": y}
+
+
+def spec():
+    return load_spec(
+        {"dataset": {"uri": "/data", "feature_shape": FEATURE_SHAPE, "num_classes": NUM_CLASSES}}
+    )
+
+
+def images(html_text: str) -> list[bytes]:
+    import base64
+
+    return [base64.b64decode(b) for b in re.findall(r'src="data:image/png;base64,([^"]+)"', html_text)]
+
+
+def test_full_stage_writes_report_and_metrics(run_dir):
+    rd, expected = run_dir
+    result = resolve("analyze")(spec(), rd, StageContext(fresh=True))
+
+    confusion = expected["confusion"]
+    accuracy = np.trace(confusion) / confusion.sum()
+    assert 0.5 < accuracy < 1.0  # the fixture makes some mistakes, so this checks the real predictions
+    assert result["holdout_accuracy"] == pytest.approx(accuracy)
+    assert result["per_class_accuracy"] == pytest.approx(list(np.diag(confusion) / confusion.sum(axis=1)))
+    assert result["balance_efficiency"] == pytest.approx(0.85)
+    assert result["prediction_error"] == pytest.approx(0.2)
+    assert (result["predicted_total_s"], result["actual_train_s"], result["samples_per_sec"]) == (
+        12.0,
+        10.0,
+        320.0,
+    )
+    assert result["input_key"]
+
+    metrics = json.loads(Path(result["metrics"]).read_text())
+    assert metrics["holdout_confusion"] == confusion.tolist() and metrics["holdout_rows"] == 50
+    assert metrics["last_scalars"]["train/loss"] == pytest.approx(2.0 / 41)
+
+    html_text = Path(result["report"]).read_text()
+    for heading in SECTIONS:
+        assert f"<h2>{heading}</h2>" in html_text
+    assert f"{100 * accuracy:.1f}%" in html_text
+    assert "<script>" not in html_text and "&lt;script&gt;drift" in html_text
+    assert 'class="missing"' not in html_text  # every section had its inputs
+    pngs = images(html_text)
+    assert len(pngs) >= 8 and all(p.startswith(b"\x89PNG") for p in pngs)
+
+
+def test_stage_is_idempotent_and_handles_missing_optional_results(run_dir):
+    rd, _ = run_dir
+    first = resolve("analyze")(spec(), rd, StageContext(fresh=True))
+    write_json(rd.result_path("analyze"), first)  # what `python -m pipelines analyze` does
+    Path(first["report"]).unlink()
+    assert resolve("analyze")(spec(), rd, StageContext()) == first
+    assert not Path(first["report"]).exists()  # the stored result was returned, nothing recomputed
+
+    for stage in ("lr_search", "estimate"):
+        shutil.move(rd.result_path(stage), rd.root / f"{stage}.json.bak")
+    try:
+        again = resolve("analyze")(spec(), rd, StageContext())
+        assert again["input_key"] != first["input_key"]  # inputs changed: recomputed
+        html_text = Path(again["report"]).read_text()
+        assert "range test did not run" in html_text and "Cannot compare predicted" in html_text
+        assert again["prediction_error"] is None and again["holdout_accuracy"] == first["holdout_accuracy"]
+    finally:
+        for stage in ("lr_search", "estimate"):
+            shutil.move(rd.root / f"{stage}.json.bak", rd.result_path(stage))
+
+
+# ------------------------------------------------------------------------- report / evaluate
+
+
+def test_report_sections_without_inputs_say_so():
+    lr_fixed = {"learning_rate": 0.1, "method": "fixed", "curve": {"lr": [], "loss": []}}
+    html_text = build_report(train={}, scalars={}, metrics={}, lr_search=lr_fixed)
+    for heading in SECTIONS:
+        assert f"<h2>{heading}</h2>" in html_text
+    assert "learning rate was fixed at 0.1" in html_text
+    assert "No train/loss" in html_text and "No held-out evaluation" in html_text
+    assert "<img" not in html_text
+
+
+def test_confusion_metrics_and_empty_class():
+    m = confusion_metrics([[3, 1, 0], [0, 0, 0], [1, 0, 5]])
+    assert m["accuracy"] == pytest.approx(0.8) and m["rows"] == 10
+    assert m["per_class_accuracy"] == [0.75, None, pytest.approx(5 / 6)]
+
+
+def test_holdout_shard_with_wrong_feature_size_names_the_file(tmp_path):
+    path = write_shard(tmp_path / "bad.arrow", np.zeros((3, 9), np.float32), np.zeros(3, np.int32))
+    with pytest.raises(DataError, match="bad.arrow"):
+        list(iter_holdout([path], feature_size=16))
