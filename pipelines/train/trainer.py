@@ -93,8 +93,7 @@ class Trainer:
         self.out.mkdir(parents=True, exist_ok=True)
         t = self.spec.training
         self.epochs = args.epochs or t.epochs
-        tf.random.set_seed(t.seed)
-        np.random.seed(t.seed)
+        tf.keras.utils.set_random_seed(t.seed)  # Python, NumPy and TF: the same initial weights on every run
 
         preload = self.run_dir.read_result("preload")
         self.x, self.y = load_split(preload, "train")
@@ -326,7 +325,9 @@ class Trainer:
                                 log.info("re-balance at step %d: %s -> %s (%s)", step, self.batches, new, event["reason"])
                             self.batches = new
                             self.batches_var.assign(new)
-            if done:
+            if done:  # stopped early (--max-steps): remember where, for a resume
+                self.pos_var.assign(pos)
+                self.epoch_var.assign(epoch)
                 break
             self.pos_var.assign(0)
             self.epoch_var.assign(epoch + 1)
@@ -337,7 +338,7 @@ class Trainer:
         train_s = time.time() - started
         summary = self._summary(history, totals, rebalances, last_stats, step, resumed_from, train_s)
         if self.rank == 0:
-            if not done:
+            if done or self.manager.latest_checkpoint is None:
                 self.manager.save(checkpoint_number=step)
             self._export()
             writer.flush()

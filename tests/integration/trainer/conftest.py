@@ -11,7 +11,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[3]
 
 
-def write_run(run: Path, rows: int = 600, holdout: int = 200, seed: int = 0, **training) -> Path:
+def write_run(run: Path, rows: int = 600, holdout: int = 200, seed: int = 0, model: dict | None = None, **training) -> Path:
     """A run directory with preloaded shards of the sample shapes task and a spec."""
     import numpy as np
     import pyarrow as pa
@@ -40,6 +40,7 @@ def write_run(run: Path, rows: int = 600, holdout: int = 200, seed: int = 0, **t
         "input_key": "test",
     })
     spec = {
+        "model": model or {"name": "small_cnn"},
         "dataset": {"uri": str(run / "unused")},
         "training": {"epochs": 1, "learning_rate": 0.05, "global_batch": 64, "seed": 1, **training},
         "artifact_root": str(run.parent),
