@@ -1,0 +1,113 @@
+"""Structural features of a built ``tf.keras`` model: size, layer mix, FLOPs and activation memory.
+
+The FLOP count is analytic (no profiler): a multiply-add counts as 2 FLOPs.
+
+* ``Conv2D``: 2 · H_out · W_out · C_out · (k_h · k_w · C_in / groups) (+ H_out · W_out · C_out for the bias)
+* ``DepthwiseConv2D``: 2 · H_out · W_out · C_out · k_h · k_w (+ bias)
+* ``Conv1D``: 2 · L_out · C_out · k · C_in (+ bias)
+* ``Dense``: 2 · rows · units · in_features (+ bias), ``rows`` = product of leading non-batch dims
+* every other layer (activations, pooling, normalisation, ...): one FLOP per output element.
+
+A training step costs about 3× the forward pass (forward, gradient w.r.t. activations, gradient
+w.r.t. weights).  Activation memory is the sum of all layer outputs per sample, in float32.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from typing import Any
+
+BYTES_PER_FLOAT = 4
+TRAIN_FLOPS_FACTOR = 3.0
+
+
+def _size(shape: Any) -> int:
+    """Elements per sample of a Keras output shape (batch dimension dropped, None counts as 1)."""
+    if isinstance(shape, list):  # multi-output layer
+        return sum(_size(s) for s in shape)
+    dims = tuple(shape)[1:]
+    return math.prod(int(d) if d is not None else 1 for d in dims)
+
+
+def _leaf_layers(model: Any) -> list[Any]:
+    """All layers, with nested models (e.g. a Sequential inside a functional model) flattened."""
+    out = []
+    for layer in model.layers:
+        if hasattr(layer, "layers") and layer.__class__.__name__ in {"Sequential", "Functional", "Model"}:
+            out.extend(_leaf_layers(layer))
+        else:
+            out.append(layer)
+    return out
+
+
+def layer_flops(layer: Any) -> int:
+    """Forward FLOPs per sample of one built layer (see the module docstring for the rules)."""
+    kind = layer.__class__.__name__
+    out_elems = _size(layer.output_shape)
+    use_bias = bool(getattr(layer, "use_bias", False))
+    if kind in {"InputLayer"}:
+        return 0
+    if kind == "Conv2D":
+        kh, kw = layer.kernel_size
+        cin = int(layer.input_shape[-1])
+        groups = int(getattr(layer, "groups", 1) or 1)
+        return 2 * out_elems * kh * kw * (cin // groups) + (out_elems if use_bias else 0)
+    if kind == "DepthwiseConv2D":
+        kh, kw = layer.kernel_size
+        return 2 * out_elems * kh * kw + (out_elems if use_bias else 0)
+    if kind == "Conv1D":
+        (k,) = layer.kernel_size
+        cin = int(layer.input_shape[-1])
+        return 2 * out_elems * k * cin + (out_elems if use_bias else 0)
+    if kind == "Dense":
+        fan_in = int(layer.input_shape[-1])
+        return 2 * out_elems * fan_in + (out_elems if use_bias else 0)
+    if kind in {"Flatten", "Reshape", "Dropout"}:
+        return 0
+    return out_elems
+
+
+def model_features(model: Any) -> dict[str, Any]:
+    """Features of a built Keras model.
+
+    Returns ``params``, ``trainable_params``, ``param_bytes``, ``layers`` (count by layer type),
+    ``num_layers``, ``conv_filters`` (list, in order), ``dense_units`` (list, in order),
+    ``input_size`` (elements per sample), ``output_size``, ``flops_per_sample`` (forward),
+    ``train_flops_per_sample`` (≈ 3× forward), ``activation_bytes_per_sample`` (sum of every
+    layer's output size × 4 bytes, input included).
+    """
+    import numpy as np
+
+    leaves = _leaf_layers(model)
+    counts = Counter(layer.__class__.__name__ for layer in leaves)
+    params = int(model.count_params())
+    trainable = int(sum(int(np.prod(w.shape)) for w in model.trainable_weights))
+    input_size = _size(model.input_shape)
+    flops = 0
+    activations = input_size
+    conv_filters: list[int] = []
+    dense_units: list[int] = []
+    for layer in leaves:
+        if layer.__class__.__name__ == "InputLayer":
+            continue
+        flops += layer_flops(layer)
+        activations += _size(layer.output_shape)
+        if layer.__class__.__name__ in {"Conv1D", "Conv2D", "Conv3D"}:
+            conv_filters.append(int(layer.filters))
+        elif layer.__class__.__name__ == "Dense":
+            dense_units.append(int(layer.units))
+    return {
+        "params": params,
+        "trainable_params": trainable,
+        "param_bytes": params * BYTES_PER_FLOAT,
+        "layers": dict(sorted(counts.items())),
+        "num_layers": len(leaves),
+        "conv_filters": conv_filters,
+        "dense_units": dense_units,
+        "input_size": int(input_size),
+        "output_size": int(_size(model.output_shape)),
+        "flops_per_sample": int(flops),
+        "train_flops_per_sample": int(TRAIN_FLOPS_FACTOR * flops),
+        "activation_bytes_per_sample": int(activations * BYTES_PER_FLOAT),
+    }

@@ -1,0 +1,209 @@
+"""Choose how many devices of each type to use and each rank's batch.
+
+For every candidate (n_t devices of type t, not all zero) the global batch is split across the
+ranks in proportion to their throughput, within their memory caps
+(:func:`pipelines.train.balance.allocate`), and the run is predicted as
+
+    step_s  = max_i(fixed_i + per_sample_i · b_i) + allreduce_s + ring_allreduce_s(N, param_bytes)
+    total_s = epochs · ceil(rows_train / B) · step_s
+    energy_j = Σ_i power_i · total_s            cost = Σ_i cost_per_hour_i · total_s / 3600
+
+The plan minimising the objective ("time", "energy" or "cost") among those meeting the deadline
+wins.  Devices of a type are identical, so a candidate is just a count per type; for large pools
+counts are taken from a geometric grid (0, 1, 2, 4, ..., count) to keep the search small.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from typing import Any
+
+from pipelines.errors import StageError
+from pipelines.spec import PoolSpec
+from pipelines.train.balance import AllocationError, allocate
+
+LOCAL_BANDWIDTH_BPS = 1e9  # bytes/s assumed for allreduce between local processes (Gloo over loopback)
+AUTO_BATCH_PER_RANK = 64
+MAX_CANDIDATES = 20_000
+OBJECTIVE_KEYS = {"time": "predicted_total_s", "energy": "energy_j", "cost": "cost"}
+
+
+def ring_allreduce_s(ranks: int, param_bytes: float, bandwidth_bps: float = LOCAL_BANDWIDTH_BPS) -> float:
+    """Seconds for one ring allreduce of the gradients: 2·(N−1)/N · param_bytes / bandwidth (0 for N=1)."""
+    if ranks <= 1:
+        return 0.0
+    return 2.0 * (ranks - 1) / ranks * param_bytes / bandwidth_bps
+
+
+def step_seconds(profile: dict[str, Any], batch: int) -> float:
+    """Predicted compute seconds of one step at ``batch`` on a device with this profile."""
+    return float(profile["fixed_s"]) + float(profile["per_sample_s"]) * batch
+
+
+def _count_options(count: int, limit: int) -> list[int]:
+    """Counts of one device type to consider: all of 0..count, or a geometric grid if too many."""
+    if count + 1 <= limit:
+        return list(range(count + 1))
+    grid = {0, count}
+    k = 1
+    while k < count:
+        grid.add(k)
+        k *= 2
+    return sorted(grid)
+
+
+def _candidates(counts: list[int], max_ranks: int | None) -> list[tuple[int, ...]]:
+    per_type = max(2, int(MAX_CANDIDATES ** (1 / max(1, len(counts)))))
+    options = [_count_options(c, per_type) for c in counts]
+    out = []
+    for combo in itertools.product(*options):
+        n = sum(combo)
+        if n == 0 or (max_ranks is not None and n > max_ranks):
+            continue
+        out.append(combo)
+    return out
+
+
+def _balanced_batches(profiles: list[dict[str, Any]], global_batch: int, caps: list[int]) -> list[int]:
+    """Throughput-proportional batches, refined so throughputs are taken at the batches they get.
+
+    Throughput of an affine step-time model depends on the batch, so allocate at an even split,
+    then re-allocate with throughputs measured at the allocated batches; keep the best of a few
+    rounds (the one with the smallest slowest step).
+    """
+    n = len(profiles)
+    batches = [max(1, global_batch // n)] * n
+    best, best_step = None, math.inf
+    for _ in range(4):
+        thr = [
+            b / step_seconds(p, b) if step_seconds(p, b) > 0 else 1.0
+            for p, b in zip(profiles, batches, strict=True)
+        ]
+        batches = allocate(thr, global_batch, caps)
+        step = max(step_seconds(p, b) for p, b in zip(profiles, batches, strict=True))
+        if step < best_step - 1e-12:
+            best, best_step = batches, step
+    assert best is not None
+    return best
+
+
+def _speed_key(profile: dict[str, Any]) -> tuple[float, float]:
+    return (float(profile["per_sample_s"]), float(profile["fixed_s"]))
+
+
+def plan(
+    profiles: dict[str, dict],
+    pool: PoolSpec,
+    *,
+    global_batch: int | None,
+    rows_train: int,
+    epochs: int,
+    deadline_s: float | None,
+    objective: str,
+    allreduce_s: float = 0.0,
+    max_ranks: int | None = None,
+    param_bytes: float = 0.0,
+    bandwidth_bps: float = LOCAL_BANDWIDTH_BPS,
+) -> dict:
+    """The best plan for the pool (format of ``estimate/plan.json``, docs/CONTRACTS.md).
+
+    ``profiles`` maps device type name to ``{fixed_s, per_sample_s, max_batch}``.  ``global_batch``
+    None means "auto": 64 per rank, capped by the ranks' memory and by ``rows_train // 4``.
+    ``allreduce_s`` is a fixed per-step communication cost; when ``param_bytes`` is given a ring
+    allreduce term (:func:`ring_allreduce_s`) is added for plans with several ranks.
+    Raises StageError when no plan is possible or none meets the deadline.
+    """
+    if objective not in OBJECTIVE_KEYS:
+        raise StageError(f"objective {objective!r} is not one of {sorted(OBJECTIVE_KEYS)}")
+    if rows_train < 1:
+        raise StageError(f"rows_train must be >= 1, got {rows_train}")
+    if global_batch is not None and global_batch > rows_train:
+        raise StageError(
+            f"training.global_batch {global_batch} is larger than the {rows_train} training rows"
+        )
+    missing = [d.name for d in pool.device_types if d.name not in profiles]
+    if missing:
+        raise StageError(f"no step-time profile for device type(s) {missing}")
+
+    # Device types fastest first, so ranks come out fastest first (rank 0 the fastest).
+    types = sorted(pool.device_types, key=lambda d: _speed_key(profiles[d.name]))
+    usable = [d for d in types if int(profiles[d.name].get("max_batch", global_batch or 1 << 30)) >= 1]
+    if not usable:
+        raise StageError(
+            "the model does not fit in the memory of any device type in the pool (max_batch is 0 everywhere)"
+        )
+
+    evaluated: list[dict[str, Any]] = []
+    reasons: set[str] = set()
+    candidates = _candidates([d.count for d in usable], max_ranks)
+    for combo in candidates:
+        devices = [d for d, n in zip(usable, combo, strict=True) for _ in range(n)]
+        profs = [profiles[d.name] for d in devices]
+        caps = [int(p.get("max_batch", 1 << 30)) for p in profs]
+        n = len(devices)
+        if global_batch is None:
+            gb = min(AUTO_BATCH_PER_RANK * n, sum(caps), rows_train // 4)
+        else:
+            gb = global_batch
+        if gb < n:
+            reasons.add(f"{n} ranks need a global batch of at least {n} (got {gb})")
+            continue
+        try:
+            batches = _balanced_batches(profs, gb, caps)
+        except AllocationError as e:
+            reasons.add(str(e))
+            continue
+        comm = allreduce_s + ring_allreduce_s(n, param_bytes, bandwidth_bps)
+        step = max(step_seconds(p, b) for p, b in zip(profs, batches, strict=True)) + comm
+        steps_per_epoch = math.ceil(rows_train / gb)
+        total = epochs * steps_per_epoch * step
+        energy = sum(d.power_watts for d in devices) * total
+        cost = sum(d.cost_per_hour for d in devices) * total / 3600.0
+        ranks = [
+            {
+                "rank": r,
+                "device": d.name,
+                "batch": int(b),
+                "samples_per_sec": b / step_seconds(p, b) if step_seconds(p, b) > 0 else None,
+                "max_batch": int(p["max_batch"]) if "max_batch" in p else None,
+            }
+            for r, (d, p, b) in enumerate(zip(devices, profs, batches, strict=True))
+        ]
+        evaluated.append(
+            {
+                "global_batch": int(gb),
+                "ranks": ranks,
+                "devices": {d.name: c for d, c in zip(usable, combo, strict=True) if c},
+                "predicted_step_s": step,
+                "allreduce_s": comm,
+                "steps_per_epoch": steps_per_epoch,
+                "epochs": epochs,
+                "predicted_total_s": total,
+                "predicted_samples_per_sec": gb / step if step > 0 else None,
+                "energy_j": energy,
+                "cost": cost,
+                "objective": objective,
+                "deadline_s": deadline_s,
+                "meets_deadline": deadline_s is None or total <= deadline_s,
+            }
+        )
+    if not evaluated:
+        raise StageError(f"no configuration of the pool can run this job: {'; '.join(sorted(reasons))}")
+
+    key = OBJECTIVE_KEYS[objective]
+    feasible = [p for p in evaluated if p["meets_deadline"]]
+    if not feasible:
+        fastest = min(evaluated, key=lambda p: p["predicted_total_s"])
+        raise StageError(
+            f"deadline_minutes={deadline_s / 60:.4g} ({deadline_s:.1f} s) cannot be met: the fastest plan "
+            f"({fastest['devices']}, global batch {fastest['global_batch']}) needs "
+            f"{fastest['predicted_total_s']:.1f} s ({fastest['predicted_total_s'] / 60:.4g} min)"
+        )
+    # Ties: prefer the faster plan, then fewer ranks.
+    best = min(feasible, key=lambda p: (p[key], p["predicted_total_s"], len(p["ranks"])))
+    best = dict(best)
+    best["objective_value"] = best[key]
+    best["candidates_considered"] = len(candidates)
+    best["candidates_feasible"] = len(evaluated)
+    return best

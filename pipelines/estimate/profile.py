@@ -1,0 +1,276 @@
+"""Calibration: time real training steps and fit ``step_time(b) = fixed_s + per_sample_s · b``.
+
+A device type of a local pool is a CPU profile (cores + CFS quota).  Each one is calibrated in its
+own process, ``python -m pipelines.estimate.profile --spec ... --device NAME --out FILE.json``,
+which the parent places in that profile with :class:`pipelines.launch.cgroups.CpuLimiter` right
+after it starts (TensorFlow's import takes seconds, so the measurement always runs limited).  The
+child sets TensorFlow's thread pools from ``--threads`` before any op runs.
+
+Memory is an explicit model, not a measurement (see :func:`max_batch`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+from pipelines.errors import StageError
+from pipelines.rundir import write_json
+
+log = logging.getLogger(__name__)
+
+DEFAULT_BATCHES = (8, 32, 64, 128)
+DEFAULT_SECONDS = 0.8  # timed seconds per batch size (8 CFS periods)
+MEMORY_HEADROOM = 0.8  # share of a device's memory a rank may plan to use
+ACTIVATION_FACTOR = 3  # forward activations + their gradients + framework workspace
+ENV_THREADS = "HETERO_CPU_THREADS"
+
+
+def optimizer_slots(optimizer: str) -> int:
+    """Per-parameter state an optimizer keeps: SGD with momentum 1, Adam 2."""
+    return 2 if optimizer == "adam" else 1
+
+
+def max_batch(memory_gb: float, params: int, activation_bytes_per_sample: int, slots: int = 1) -> int:
+    """Largest batch a device can hold under a simple, explicit memory model.
+
+    ``(memory_gb·1e9·0.8 − params·4·(slots + 2)) / (activation_bytes_per_sample·3)``: 80% of the
+    memory is usable; weights, gradients and ``slots`` optimizer states take 4 bytes per parameter
+    each; every sample needs its forward activations about three times over (activations, their
+    gradients, workspace).  Returns 0 when even the weights do not fit.
+    """
+    free = memory_gb * 1e9 * MEMORY_HEADROOM - params * 4 * (slots + 2)
+    if free <= 0:
+        return 0
+    return int(free // (max(1, activation_bytes_per_sample) * ACTIVATION_FACTOR))
+
+
+def fit_step_time(batches: list[int], step_s: list[float]) -> dict[str, float]:
+    """Least-squares fit of ``step_s ≈ fixed_s + per_sample_s · batch`` with both terms ≥ 0.
+
+    Returns ``fixed_s``, ``per_sample_s``, ``rmse_s`` and ``r2``.
+    """
+    import numpy as np
+    from scipy.optimize import lsq_linear
+
+    b = np.asarray(batches, dtype=float)
+    t = np.asarray(step_s, dtype=float)
+    if b.size < 2 or np.unique(b).size < 2:
+        raise StageError(f"fit_step_time needs at least two distinct batch sizes, got {list(batches)}")
+    if not np.all(np.isfinite(t)) or np.any(t <= 0):
+        raise StageError(f"fit_step_time: step times must be positive and finite, got {list(step_s)}")
+    design = np.column_stack([np.ones_like(b), b])
+    res = lsq_linear(design, t, bounds=([0.0, 0.0], [np.inf, np.inf]), method="bvls")
+    fixed, per_sample = (float(v) for v in res.x)
+    pred = design @ res.x
+    ss_res = float(np.sum((t - pred) ** 2))
+    ss_tot = float(np.sum((t - t.mean()) ** 2))
+    return {
+        "fixed_s": fixed,
+        "per_sample_s": per_sample,
+        "rmse_s": (ss_res / t.size) ** 0.5,
+        "r2": 1.0 - ss_res / ss_tot if ss_tot > 0 else 1.0,
+    }
+
+
+def time_train_steps(
+    model: Any,
+    batch_sizes: tuple[int, ...] | list[int] = DEFAULT_BATCHES,
+    *,
+    optimizer: str = "sgd",
+    warmup_steps: int = 3,
+    min_seconds: float = DEFAULT_SECONDS,
+    max_steps: int = 2000,
+    seed: int = 0,
+) -> dict[int, float]:
+    """Mean seconds per training step (forward, backward, optimizer apply) at each batch size.
+
+    One ``tf.function`` traced once (batch dimension left open), random data, ``warmup_steps``
+    untimed steps per batch size, then steps until ``min_seconds`` have passed (at least 3).
+    Measuring over a window of several CFS periods (100 ms) averages out quota throttling; the
+    window's phase against the period still leaves an error of up to one period's quota
+    (±0.1 s of CPU / (share · window), about ±12% for a 0.4 share and a 0.8 s window).
+    """
+    import numpy as np
+    import tensorflow as tf
+
+    num_classes = int(model.output_shape[-1])
+    opt = (
+        tf.keras.optimizers.Adam(1e-3) if optimizer == "adam" else tf.keras.optimizers.SGD(1e-3, momentum=0.9)
+    )
+    loss_fn = tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    spec_x = tf.TensorSpec([None, *model.input_shape[1:]], tf.float32)
+    spec_y = tf.TensorSpec([None], tf.int32)
+
+    @tf.function(input_signature=[spec_x, spec_y])
+    def step(x, y):
+        with tf.GradientTape() as tape:
+            loss = loss_fn(y, model(x, training=True))
+        grads = tape.gradient(loss, model.trainable_variables)
+        opt.apply_gradients(zip(grads, model.trainable_variables))
+        return loss
+
+    rng = np.random.default_rng(seed)
+    out: dict[int, float] = {}
+    for b in batch_sizes:
+        x = tf.constant(rng.standard_normal((b, *model.input_shape[1:])).astype("float32"))
+        y = tf.constant(rng.integers(0, num_classes, b).astype("int32"))
+        for _ in range(warmup_steps):
+            step(x, y).numpy()
+        n, start = 0, time.perf_counter()
+        while n < 3 or (time.perf_counter() - start < min_seconds and n < max_steps):
+            step(x, y).numpy()  # .numpy() waits for the step to finish
+            n += 1
+        out[int(b)] = (time.perf_counter() - start) / n
+    return out
+
+
+def calibrate(
+    spec: Any,
+    device: str,
+    *,
+    batch_sizes: tuple[int, ...] | list[int] = DEFAULT_BATCHES,
+    min_seconds: float = DEFAULT_SECONDS,
+) -> dict[str, Any]:
+    """Build the job's model, time training steps at ``batch_sizes`` and fit the step-time model."""
+    from pipelines.models import build_model
+
+    model = build_model(
+        spec.model.name, tuple(spec.dataset.feature_shape), spec.dataset.num_classes, spec.model.kwargs
+    )
+    times = time_train_steps(
+        model,
+        batch_sizes,
+        optimizer=spec.training.optimizer,
+        min_seconds=min_seconds,
+        seed=spec.training.seed,
+    )
+    fit = fit_step_time(list(times), list(times.values()))
+    return {"device": device, "batches": list(times), "step_s": list(times.values()), **fit}
+
+
+def _set_threads(threads: int | None) -> None:
+    """Set TensorFlow's pools (must run before TensorFlow executes anything)."""
+    if not threads:
+        return
+    import tensorflow as tf
+
+    tf.config.threading.set_intra_op_parallelism_threads(int(threads))
+    tf.config.threading.set_inter_op_parallelism_threads(1)
+
+
+def calibrate_pool(
+    spec: Any,
+    pool: Any,
+    workdir: str | os.PathLike,
+    *,
+    batch_sizes: tuple[int, ...] | list[int] = DEFAULT_BATCHES,
+    min_seconds: float = DEFAULT_SECONDS,
+    timeout_s: float = 300.0,
+) -> dict[str, dict[str, Any]]:
+    """Calibrate every device type of a local pool, one limited subprocess at a time.
+
+    Each profile gets ``quota_enforced`` (False where cgroups could not be written: the device then
+    ran at full speed, pinned only), ``cpu_share``, ``cpus`` and ``threads``.
+    """
+    from pipelines.launch.cgroups import CpuLimiter, threads_for
+
+    workdir = Path(workdir)
+    workdir.mkdir(parents=True, exist_ok=True)
+    spec_file = write_json(workdir / "calibration-spec.json", json.loads(spec.to_json()))
+    limiter = CpuLimiter(f"estimate-{os.getpid()}-{uuid.uuid4().hex[:6]}")
+    profiles: dict[str, dict[str, Any]] = {}
+    try:
+        for dev in pool.device_types:
+            out = workdir / f"profile-{dev.name}.json"
+            out.unlink(missing_ok=True)
+            threads = threads_for(dev.local.cpu_share, dev.local.cpus)
+            cmd = [
+                sys.executable, "-m", "pipelines.estimate.profile",
+                "--spec", str(spec_file), "--device", dev.name, "--out", str(out), "--threads", str(threads),
+                "--batches", ",".join(str(b) for b in batch_sizes), "--min-seconds", str(min_seconds),
+            ]  # fmt: skip
+            env = {**os.environ, ENV_THREADS: str(threads), "TF_CPP_MIN_LOG_LEVEL": "2"}
+            started = time.time()
+            proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+            enforced = limiter.limit(proc.pid, dev.name, dev.local.cpu_share, dev.local.cpus)
+            try:
+                output, _ = proc.communicate(timeout=timeout_s)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.communicate()
+                raise StageError(
+                    f"calibration of device type {dev.name!r} took longer than {timeout_s:.0f} s"
+                ) from None
+            if proc.returncode != 0 or not out.is_file():
+                tail = "\n".join(output.strip().splitlines()[-5:])
+                raise StageError(
+                    f"calibration of device type {dev.name!r} failed (exit {proc.returncode}): {tail}"
+                )
+            profile = json.loads(out.read_text())
+            profile.update(
+                quota_enforced=bool(enforced),
+                cpu_share=dev.local.cpu_share,
+                cpus=list(dev.local.cpus),
+                threads=threads,
+                calibration_s=round(time.time() - started, 2),
+            )
+            log.info(
+                "device %s: %.2f ms + %.3f ms/sample (quota enforced: %s)",
+                dev.name, profile["fixed_s"] * 1e3, profile["per_sample_s"] * 1e3, enforced,
+            )  # fmt: skip
+            profiles[dev.name] = profile
+    finally:
+        limiter.cleanup()
+    return profiles
+
+
+def main(argv: list[str] | None = None) -> int:
+    """CLI of the calibration child process."""
+    parser = argparse.ArgumentParser(
+        prog="python -m pipelines.estimate.profile", description=__doc__.splitlines()[0]
+    )
+    parser.add_argument("--spec", required=True, help="job spec: YAML/JSON file or inline JSON")
+    parser.add_argument("--device", required=True, help="device type name recorded in the profile")
+    parser.add_argument("--out", required=True, help="profile JSON to write")
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=int(os.environ.get(ENV_THREADS, "0")),
+        help=f"TensorFlow intra-op threads, 0 for TensorFlow's default (default: ${ENV_THREADS} or 0)",
+    )
+    parser.add_argument(
+        "--batches", default=",".join(map(str, DEFAULT_BATCHES)), help="batch sizes (default: %(default)s)"
+    )
+    parser.add_argument(
+        "--min-seconds",
+        type=float,
+        default=DEFAULT_SECONDS,
+        help="timed seconds per batch size (default: %(default)s)",
+    )
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    from pipelines.spec import load_spec
+
+    _set_threads(args.threads)
+    spec = load_spec(args.spec)
+    batches = [int(b) for b in args.batches.split(",") if b.strip()]
+    try:
+        profile = calibrate(spec, args.device, batch_sizes=batches, min_seconds=args.min_seconds)
+    except StageError as e:
+        print(f"ERROR: {e}", file=sys.stderr)
+        return 2
+    write_json(args.out, profile)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

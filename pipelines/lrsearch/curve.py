@@ -1,0 +1,198 @@
+"""Analysis of a learning-rate range test's loss curve (numpy and scipy only, pure functions).
+
+The curve is the training loss at learning rates rising exponentially.  It is smoothed with a
+bias-corrected exponential moving average, cut where it diverges, and fitted against
+x = log10(lr) twice:
+
+* a polynomial of degree 3–5 (chosen by BIC), whose minimum and steepest descent give the range
+  and the value (each smoothed point is placed at the learning rate its average is centred on,
+  see :func:`ema_lag`, so smoothing does not shift the choice to larger rates);
+* a logarithmic fit ``loss = a + b·log10(lr)`` over the descending part, reported for comparison
+  (its slope says how strongly the loss responds to the learning rate).
+
+The suggested rate is the steepest descent of the polynomial, clipped to at most the min-loss rate
+divided by 3 (a safety margin: the minimum of a range test sits close to divergence).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+from pipelines.errors import StageError
+
+MIN_POINTS = 10
+SAFETY_DIVISOR = 3.0
+REBOUND_FRACTION = 0.75  # the fit stops where the loss has climbed back this far
+START_FRACTION = 0.10  # the descent starts where the fit is this far down from the plateau
+MIN_RELATIVE_DROP = 0.02  # a descent smaller than 2% of the loss is not a descent
+
+
+def smooth(losses: Sequence[float], beta: float = 0.98) -> list[float]:
+    """Bias-corrected exponential moving average: ``avg_i = β·avg_{i−1} + (1−β)·x_i``, ``/ (1 − β^(i+1))``.
+
+    A non-finite loss makes that point and all later ones NaN.
+    """
+    if not 0 <= beta < 1:
+        raise StageError(f"smoothing beta must be in [0, 1), got {beta}")
+    out: list[float] = []
+    avg = 0.0
+    for i, x in enumerate(losses):
+        x = float(x)
+        if not math.isfinite(x) or not math.isfinite(avg):
+            avg = math.nan
+        else:
+            avg = beta * avg + (1 - beta) * x
+        out.append(avg / (1 - beta ** (i + 1)))
+    return out
+
+
+def auto_beta(n: int) -> float:
+    """Smoothing for an n-point curve: an effective window of about n/10 points, β in [0.6, 0.98]."""
+    return min(0.98, max(0.6, 1 - 10 / max(1, n)))
+
+
+def ema_lag(n: int, beta: float) -> list[float]:
+    """Mean delay, in points, of the bias-corrected EMA at each index: Σ k·β^k / Σ β^k over k = 0..i.
+
+    The smoothed loss at index i is an average centred on index i − lag_i; fitting it against the
+    learning rate of that index removes the smoothing's shift towards larger rates.
+    """
+    out, num, den = [], 0.0, 0.0
+    for k in range(n):
+        num += k * beta**k
+        den += beta**k
+        out.append(num / den)
+    return out
+
+
+def find_divergence(smoothed: Sequence[float], factor: float = 4.0, skip: int = 3) -> int | None:
+    """Index of the first point where the smoothed loss is NaN/inf or exceeds ``factor`` × its running
+    minimum (the first ``skip`` points only set the minimum); None if the curve never diverges."""
+    best = math.inf
+    for i, v in enumerate(smoothed):
+        v = float(v)
+        if not math.isfinite(v):
+            return i
+        if i >= skip and v > factor * best:
+            return i
+        best = min(best, v)
+    return None
+
+
+def _check(lrs: Sequence[float], losses: Sequence[float]) -> tuple[Any, Any]:
+    import numpy as np
+
+    lr = np.asarray(lrs, dtype=float)
+    loss = np.asarray(losses, dtype=float)
+    if lr.shape != loss.shape or lr.ndim != 1:
+        raise StageError(f"range test curve: {lr.size} learning rates but {loss.size} losses")
+    if lr.size < MIN_POINTS:
+        raise StageError(f"range test curve too short: {lr.size} points, need at least {MIN_POINTS}")
+    if np.any(~np.isfinite(lr)) or np.any(lr <= 0) or np.any(np.diff(lr) <= 0):
+        raise StageError("range test curve: learning rates must be positive, finite and increasing")
+    return lr, loss
+
+
+def _poly_fit(x: Any, y: Any) -> tuple[Any, int, float]:
+    """Best polynomial of degree 3..5 by BIC; returns (coefficients, degree, RMSE)."""
+    import numpy as np
+
+    best = None
+    n = x.size
+    for deg in range(3, min(5, n - 2) + 1):
+        coef = np.polyfit(x, y, deg)
+        rss = float(np.sum((np.polyval(coef, x) - y) ** 2))
+        bic = n * math.log(max(rss, 1e-300) / n) + (deg + 1) * math.log(n)
+        if best is None or bic < best[0]:
+            best = (bic, coef, deg, math.sqrt(rss / n))
+    assert best is not None
+    return best[1], best[2], best[3]
+
+
+def suggest(
+    lrs: Sequence[float],
+    losses: Sequence[float],
+    *,
+    beta: float | None = None,
+    divergence_factor: float = 4.0,
+) -> dict[str, Any]:
+    """Suggest a learning rate from a range test.
+
+    Returns ``learning_rate``, ``lr_range`` [lr where the loss starts to fall, lr of the minimum],
+    ``method``, ``min_loss_lr``, ``steepest_lr``, ``diverged_at`` (lr or None), ``smoothed``,
+    ``beta``, ``poly`` {degree, coefficients (of log10 lr), rmse} and ``log_fit`` {a, b, rmse}.
+    Raises StageError for a curve too short to analyse (fewer than 10 usable points).
+    """
+    import numpy as np
+
+    lr, loss = _check(lrs, losses)
+    beta = auto_beta(lr.size) if beta is None else beta
+    smoothed = np.asarray(smooth(loss, beta))
+    div = find_divergence(smoothed, divergence_factor)
+    end = lr.size if div is None else div
+    if end < MIN_POINTS:
+        raise StageError(
+            f"range test curve too short before divergence: {end} usable points (diverged at lr={lr[end]:.3g}), "
+            f"need at least {MIN_POINTS}; start the test at a smaller learning rate"
+        )
+    # Each smoothed point is placed at the (log) learning rate its average is centred on.
+    idx = np.arange(end) - np.asarray(ema_lag(end, beta))
+    x, y = np.interp(idx, np.arange(end), np.log10(lr[:end])), smoothed[:end]
+    # Fit only up to where the loss, after its minimum, has climbed back 3/4 of the way to its
+    # starting level: beyond that the model has collapsed (often to a chance-level plateau that
+    # is not 4x the minimum, then a blow-up) and the points would only bend the polynomial.
+    i_low = int(np.argmin(y))
+    level = y[i_low] + REBOUND_FRACTION * (y[0] - y[i_low])
+    back = np.nonzero((np.arange(end) > i_low) & (y > level))[0]
+    if back.size and back[0] >= MIN_POINTS:
+        x, y = x[: back[0]], y[: back[0]]
+
+    coef, degree, poly_rmse = _poly_fit(x, y)
+    grid = np.linspace(x[0], x[-1], 512)
+    fit = np.polyval(coef, grid)
+    i_min = int(np.argmin(fit))
+    # Where the loss starts to fall: the fitted curve is 10% of the way down from the plateau
+    # (median of the first fifth of the smoothed curve, robust to the polynomial's edge wiggles)
+    # to the fitted minimum.
+    plateau_level = float(np.median(y[: max(3, y.size // 5)]))
+    drop = plateau_level - float(fit[i_min])
+    noise = max(poly_rmse, 1e-12)
+    if i_min == 0 or drop <= max(2 * noise, MIN_RELATIVE_DROP * abs(plateau_level)):
+        # No clear descent (less than 2% of the loss, or within the fit's noise): a tenth of the
+        # lowest-loss rate.
+        lo_x = hi_x = float(grid[i_min])
+        value = 10 ** (hi_x - 1)
+        method = "min_loss/10 (no clear descent)"
+        steep_x = lo_x
+    else:
+        above = np.nonzero(fit[: i_min + 1] >= plateau_level)[0]  # last time the fit was on the plateau
+        begin = int(above[-1]) if above.size else 0
+        start = begin + int(np.argmax(fit[begin : i_min + 1] <= plateau_level - START_FRACTION * drop))
+        lo_x, hi_x = float(grid[start]), float(grid[i_min])
+        slope = np.polyval(np.polyder(coef), grid[start : i_min + 1])
+        steep_x = float(grid[start + int(np.argmin(slope))])
+        value = min(10**steep_x, 10**hi_x / SAFETY_DIVISOR)
+        method = f"steepest descent of poly{degree} fit, <= min-loss lr/{SAFETY_DIVISOR:g}"
+    value = max(value, float(lr[0]))
+
+    # Logarithmic fit over the descending part (or the whole curve when it never descends).
+    mask = (x >= lo_x) & (x <= hi_x)
+    if mask.sum() < 3:
+        mask = np.ones_like(x, dtype=bool)
+    b, a = np.polyfit(x[mask], y[mask], 1)
+    log_rmse = float(np.sqrt(np.mean((a + b * x[mask] - y[mask]) ** 2)))
+
+    return {
+        "learning_rate": float(value),
+        "lr_range": [float(10**lo_x), float(10**hi_x)],
+        "method": method,
+        "min_loss_lr": float(10**hi_x),
+        "steepest_lr": float(10**steep_x),
+        "diverged_at": None if div is None else float(lr[div]),
+        "smoothed": [float(v) for v in smoothed],
+        "beta": beta,
+        "poly": {"degree": degree, "coefficients": [float(c) for c in coef], "rmse": poly_rmse},
+        "log_fit": {"a": float(a), "b": float(b), "rmse": log_rmse, "x": "log10(lr)"},
+    }

@@ -1,0 +1,152 @@
+"""The learning-rate range test: train briefly while the rate rises exponentially, record the loss.
+
+The rate goes from ``lr_min`` to ``lr_max`` geometrically over ``steps`` steps at the planned global
+batch; the test stops early when the smoothed loss exceeds ``divergence_factor`` × its minimum or
+becomes NaN.  This first version runs in one process (``ranks: 1``).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from typing import Any
+
+from pipelines.errors import DataError, StageError
+
+LR_MIN = 1e-5
+LR_MAX = 10.0
+STEPS = 100
+DIVERGENCE_FACTOR = 4.0
+
+
+def lr_schedule(lr_min: float, lr_max: float, steps: int) -> list[float]:
+    """``steps`` learning rates rising geometrically from ``lr_min`` to ``lr_max`` (both included)."""
+    if not 0 < lr_min < lr_max:
+        raise StageError(f"range test needs 0 < lr_min < lr_max, got lr_min={lr_min}, lr_max={lr_max}")
+    if steps < 2:
+        raise StageError(f"range test needs at least 2 steps, got {steps}")
+    ratio = lr_max / lr_min
+    return [lr_min * ratio ** (i / (steps - 1)) for i in range(steps)]
+
+
+def load_training_rows(preload: dict[str, Any], max_rows: int, seed: int = 0) -> tuple[Any, Any]:
+    """Up to ``max_rows`` training rows from the preloaded Arrow IPC shards, normalised.
+
+    Returns ``(x, y)``: float32 ``[n, *feature_shape]`` standardised with the preload's
+    ``feature_mean``/``feature_std``, and int32 labels.  Rows are read shard by shard (memory-mapped)
+    and then shuffled with ``seed``.
+    """
+    import numpy as np
+    import pyarrow as pa
+
+    shape = tuple(int(d) for d in preload["feature_shape"])
+    size = math.prod(shape)
+    xs, ys, have = [], [], 0
+    for path in preload["train_shards"]:
+        try:
+            with pa.memory_map(str(path), "r") as source:
+                reader = pa.ipc.open_file(source)
+                for i in range(reader.num_record_batches):
+                    batch = reader.get_batch(i)
+                    feats = batch.column("features")
+                    flat = feats.flatten().to_numpy(zero_copy_only=False).astype(np.float32)
+                    if flat.size != len(batch) * size:
+                        per_row = flat.size // max(1, len(batch))
+                        raise DataError(
+                            f"{path}: column 'features' holds {per_row} values per row, expected {size}"
+                        )
+                    xs.append(flat.reshape(len(batch), *shape))
+                    ys.append(batch.column("label").to_numpy(zero_copy_only=False).astype(np.int32))
+                    have += len(batch)
+                    if have >= max_rows:
+                        break
+        except (OSError, pa.ArrowInvalid, KeyError) as e:
+            raise DataError(f"{path}: cannot read training shard: {e}") from None
+        if have >= max_rows:
+            break
+    if have == 0:
+        raise DataError(f"no training rows in {preload['train_shards']}")
+    x = np.concatenate(xs)[:max_rows]
+    y = np.concatenate(ys)[:max_rows]
+    std = float(preload.get("feature_std") or 1.0)
+    x = (x - float(preload.get("feature_mean", 0.0))) / (std if std > 0 else 1.0)
+    order = np.random.default_rng(seed).permutation(len(y))
+    return x[order].astype(np.float32), y[order]
+
+
+def run_range_test(
+    model: Any,
+    x: Any,
+    y: Any,
+    *,
+    global_batch: int,
+    optimizer: str = "sgd",
+    lr_min: float = LR_MIN,
+    lr_max: float = LR_MAX,
+    steps: int = STEPS,
+    beta: float | None = None,
+    divergence_factor: float = DIVERGENCE_FACTOR,
+    seed: int = 0,
+) -> dict[str, Any]:
+    """Train ``model`` on ``(x, y)`` for up to ``steps`` steps with a rising learning rate.
+
+    SGD with momentum 0.9, or Adam when ``optimizer == "adam"``.  Batches of ``global_batch`` rows
+    cycle through the data.  Returns ``lr``, ``loss``, ``smoothed`` (lists, one per step run),
+    ``steps``, ``diverged_at`` (lr or None), ``beta``, ``global_batch``, ``seconds``.
+    """
+    import numpy as np
+    import tensorflow as tf
+
+    from pipelines.lrsearch.curve import auto_beta
+
+    rates = lr_schedule(lr_min, lr_max, steps)
+    beta = auto_beta(steps) if beta is None else beta
+    n = len(y)
+    if n == 0:
+        raise DataError("range test: no training rows")
+    opt = (
+        tf.keras.optimizers.Adam(learning_rate=lr_min)
+        if optimizer == "adam"
+        else tf.keras.optimizers.SGD(learning_rate=lr_min, momentum=0.9)
+    )
+    loss_fn = tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+
+    @tf.function
+    def train_step(xb, yb, lr):
+        opt.learning_rate.assign(lr)
+        with tf.GradientTape() as tape:
+            loss = loss_fn(yb, model(xb, training=True))
+        grads = tape.gradient(loss, model.trainable_variables)
+        opt.apply_gradients(zip(grads, model.trainable_variables))
+        return loss
+
+    rng = np.random.default_rng(seed)
+    order, pos = rng.permutation(n), 0
+    lrs, losses, smoothed = [], [], []
+    avg, best, diverged_at = 0.0, math.inf, None
+    started = time.perf_counter()
+    for i, lr in enumerate(rates):
+        idx = np.take(order, np.arange(pos, pos + global_batch), mode="wrap")
+        pos = (pos + global_batch) % n
+        loss = float(
+            train_step(tf.constant(x[idx]), tf.constant(y[idx]), tf.constant(lr, tf.float32)).numpy()
+        )
+        avg = beta * avg + (1 - beta) * loss if math.isfinite(loss) else math.nan
+        s = avg / (1 - beta ** (i + 1))
+        lrs.append(lr)
+        losses.append(loss)
+        smoothed.append(s)
+        if not math.isfinite(s) or (i >= 3 and s > divergence_factor * best):
+            diverged_at = lr
+            break
+        best = min(best, s)
+    return {
+        "lr": lrs,
+        "loss": losses,
+        "smoothed": smoothed,
+        "steps": len(lrs),
+        "diverged_at": diverged_at,
+        "beta": beta,
+        "global_batch": int(global_batch),
+        "seconds": time.perf_counter() - started,
+    }

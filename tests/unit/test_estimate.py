@@ -1,0 +1,273 @@
+"""The estimate stage: model features, step-time fit, memory model, planner, calibration, stage."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from pipelines.errors import StageError
+from pipelines.estimate.planner import plan, ring_allreduce_s
+from pipelines.estimate.profile import fit_step_time, max_batch
+from pipelines.spec import PoolSpec
+
+pytestmark = pytest.mark.trainer
+
+LOCAL_POOL = {
+    "device_types": [
+        {"name": "fast", "count": 1, "memory_gb": 4, "power_watts": 65, "cost_per_hour": 0.10,
+         "local": {"cpus": [1], "cpu_share": 1.0}},
+        {"name": "slow", "count": 1, "memory_gb": 4, "power_watts": 30, "cost_per_hour": 0.04,
+         "local": {"cpus": [0], "cpu_share": 0.4}},
+    ]
+}  # fmt: skip
+# What calibration measured for small_cnn on the demo pool (rounded).
+LOCAL_PROFILES = {
+    "fast": {"fixed_s": 0.0025, "per_sample_s": 0.00008, "max_batch": 10_000},
+    "slow": {"fixed_s": 0.0037, "per_sample_s": 0.00029, "max_batch": 10_000},
+}
+
+
+def pool(doc: dict = LOCAL_POOL) -> PoolSpec:
+    return PoolSpec.model_validate(doc)
+
+
+# ------------------------------------------------------------------------------ features
+
+
+def test_features_count_flops_and_activations_by_hand():
+    import tensorflow as tf
+
+    from pipelines.estimate.features import model_features
+
+    model = tf.keras.Sequential(
+        [
+            tf.keras.layers.Input(shape=(4, 4, 1)),
+            tf.keras.layers.Conv2D(2, 3, padding="same"),
+            tf.keras.layers.Flatten(),
+            tf.keras.layers.Dense(3),
+        ]
+    )
+    f = model_features(model)
+    assert f["params"] == model.count_params() == (9 * 2 + 2) + (32 * 3 + 3)
+    assert f["flops_per_sample"] == (2 * 32 * 9 + 32) + (2 * 3 * 32 + 3)
+    assert f["train_flops_per_sample"] == 3 * f["flops_per_sample"]
+    assert f["activation_bytes_per_sample"] == (16 + 32 + 32 + 3) * 4
+    assert f["layers"] == {"Conv2D": 1, "Dense": 1, "Flatten": 1}
+    assert f["conv_filters"] == [2] and f["dense_units"] == [3] and f["input_size"] == 16
+
+
+def test_features_grow_with_the_model():
+    from pipelines.estimate.features import model_features
+    from pipelines.models import build_model
+
+    small = model_features(build_model("small_cnn", (28, 28, 1), 10, {"filters": [8, 16]}))
+    big = model_features(build_model("small_cnn", (28, 28, 1), 10, {"filters": [16, 32]}))
+    assert big["params"] > small["params"] and big["flops_per_sample"] > 1.5 * small["flops_per_sample"]
+    assert big["conv_filters"] == [16, 32]
+
+
+# --------------------------------------------------------------------------- fit, memory
+
+
+def test_fit_step_time_recovers_an_affine_model_and_stays_non_negative():
+    batches = [8, 32, 64, 128]
+    fit = fit_step_time(batches, [0.002 + 0.0001 * b for b in batches])
+    assert fit["fixed_s"] == pytest.approx(0.002, rel=1e-6)
+    assert fit["per_sample_s"] == pytest.approx(0.0001, rel=1e-6)
+    assert fit["r2"] == pytest.approx(1.0)
+    # Data that would give a negative intercept: the bound holds it at 0.
+    neg = fit_step_time([10, 20, 40], [0.0005, 0.0015, 0.0035])
+    assert neg["fixed_s"] == 0.0 and neg["per_sample_s"] > 0
+    with pytest.raises(StageError, match="two distinct batch sizes"):
+        fit_step_time([32, 32], [0.01, 0.011])
+
+
+def test_max_batch_memory_model():
+    # 1 GB * 0.8 - 1e6 params * 4 B * (1 slot + 2) = 788e6 B free; 1000 B/sample * 3 -> 262666
+    assert max_batch(1.0, 1_000_000, 1000, slots=1) == 262_666
+    assert max_batch(1.0, 1_000_000, 1000, slots=2) < max_batch(1.0, 1_000_000, 1000, slots=1)
+    assert max_batch(0.001, 1_000_000, 1000) == 0
+
+
+# ------------------------------------------------------------------------------- planner
+
+
+def test_ring_allreduce():
+    assert ring_allreduce_s(1, 1e9) == 0.0
+    assert ring_allreduce_s(2, 1e9) == pytest.approx(1.0)
+    assert ring_allreduce_s(4, 1e9, bandwidth_bps=2e9) == pytest.approx(0.75)
+
+
+def test_plan_uses_both_local_devices_for_time():
+    p = plan(
+        LOCAL_PROFILES, pool(), global_batch=None, rows_train=5400, epochs=3, deadline_s=None, objective="time",
+        param_bytes=423_464,
+    )  # fmt: skip
+    assert [r["device"] for r in p["ranks"]] == ["fast", "slow"]
+    assert [r["rank"] for r in p["ranks"]] == [0, 1]
+    batches = [r["batch"] for r in p["ranks"]]
+    assert sum(batches) == p["global_batch"] == 128
+    assert batches[0] > 2 * batches[1]  # fast gets the larger share
+    # Balanced: both ranks' compute times are close.
+    steps = [
+        LOCAL_PROFILES[r["device"]]["fixed_s"] + LOCAL_PROFILES[r["device"]]["per_sample_s"] * r["batch"]
+        for r in p["ranks"]
+    ]
+    assert max(steps) / min(steps) < 1.15
+    assert p["steps_per_epoch"] == math.ceil(5400 / 128)
+    assert p["predicted_total_s"] == pytest.approx(3 * p["steps_per_epoch"] * p["predicted_step_s"])
+    assert p["energy_j"] == pytest.approx(95 * p["predicted_total_s"])
+    assert p["cost"] == pytest.approx(0.14 * p["predicted_total_s"] / 3600)
+    assert p["objective_value"] == p["predicted_total_s"] and p["meets_deadline"] is True
+
+
+def test_plan_fixed_batch_compares_like_with_like_and_energy_prefers_fewer_watts():
+    kw = dict(global_batch=64, rows_train=6400, epochs=1, deadline_s=None)
+    fast = plan(LOCAL_PROFILES, pool(), objective="time", **kw)
+    assert {r["device"] for r in fast["ranks"]} == {"fast", "slow"}
+    energy = plan(LOCAL_PROFILES, pool(), objective="energy", **kw)
+    # Alone, fast draws 65 W; both draw 95 W for a step only ~20% shorter -> fast alone wins.
+    assert [r["device"] for r in energy["ranks"]] == ["fast"]
+    assert energy["energy_j"] <= fast["energy_j"]
+
+
+def test_plan_deadline_selects_and_impossible_deadline_names_the_fastest_time():
+    kw = dict(global_batch=64, rows_train=6400, epochs=1, objective="energy")
+    free = plan(LOCAL_PROFILES, pool(), deadline_s=None, **kw)
+    fastest = plan(LOCAL_PROFILES, pool(), deadline_s=None, **{**kw, "objective": "time"})
+    # A deadline between the fastest plan and the energy plan's time forces the faster one.
+    deadline = (fastest["predicted_total_s"] + free["predicted_total_s"]) / 2
+    tight = plan(LOCAL_PROFILES, pool(), deadline_s=deadline, **kw)
+    assert tight["predicted_total_s"] <= deadline and len(tight["ranks"]) == 2
+    with pytest.raises(StageError, match=r"deadline_minutes.*cannot be met.*needs \d"):
+        plan(LOCAL_PROFILES, pool(), deadline_s=fastest["predicted_total_s"] / 2, **kw)
+
+
+def test_plan_rejects_impossible_batches_and_missing_profiles():
+    small = {k: {**v, "max_batch": 10} for k, v in LOCAL_PROFILES.items()}
+    with pytest.raises(StageError, match="does not fit"):
+        plan(small, pool(), global_batch=64, rows_train=1000, epochs=1, deadline_s=None, objective="time")
+    with pytest.raises(StageError, match="larger than the 50 training rows"):
+        plan(
+            LOCAL_PROFILES,
+            pool(),
+            global_batch=64,
+            rows_train=50,
+            epochs=1,
+            deadline_s=None,
+            objective="time",
+        )
+    with pytest.raises(StageError, match="slow"):
+        plan({"fast": LOCAL_PROFILES["fast"]}, pool(), global_batch=64, rows_train=1000, epochs=1,
+             deadline_s=None, objective="time")  # fmt: skip
+    zero = {k: {**v, "max_batch": 0} for k, v in LOCAL_PROFILES.items()}
+    with pytest.raises(StageError, match="does not fit in the memory"):
+        plan(zero, pool(), global_batch=None, rows_train=1000, epochs=1, deadline_s=None, objective="time")
+
+
+def test_plan_on_a_mixed_gpu_pool_orders_ranks_and_respects_max_ranks():
+    import yaml
+
+    gpu = pool(yaml.safe_load(open("examples/pool-gpu.yaml")))
+    profiles = {
+        "a100": {"fixed_s": 0.01, "per_sample_s": 0.0005, "max_batch": 512},
+        "v100": {"fixed_s": 0.01, "per_sample_s": 0.0010, "max_batch": 256},
+        "t4": {"fixed_s": 0.01, "per_sample_s": 0.0030, "max_batch": 256},
+    }
+    p = plan(profiles, gpu, global_batch=1024, rows_train=100_000, epochs=2, deadline_s=None, objective="time",
+             param_bytes=100e6, bandwidth_bps=10e9)  # fmt: skip
+    devices = [r["device"] for r in p["ranks"]]
+    order = {"a100": 0, "v100": 1, "t4": 2}
+    assert devices == sorted(devices, key=order.get) and devices[0] == "a100"
+    assert p["candidates_considered"] == 5 * 7 * 5 - 1  # every count of every type, not all zero
+    assert p["candidates_feasible"] < p["candidates_considered"]  # one a100 alone cannot hold 1024
+    capped = plan(profiles, gpu, global_batch=1024, rows_train=100_000, epochs=2, deadline_s=None,
+                  objective="time", max_ranks=3)  # fmt: skip
+    assert len(capped["ranks"]) <= 3
+    cheap = plan(
+        profiles, gpu, global_batch=256, rows_train=100_000, epochs=2, deadline_s=None, objective="cost"
+    )
+    assert p["cost"] >= cheap["cost"]
+
+
+# --------------------------------------------------------------------- calibration, stage
+
+
+def test_time_train_steps_and_calibration_subprocess(tmp_path):
+    """One device type calibrated in a real subprocess (tiny model, short windows)."""
+    from pipelines.estimate.profile import calibrate_pool
+    from pipelines.spec import load_spec
+
+    spec = load_spec(
+        {"dataset": {"uri": str(tmp_path), "feature_shape": [8, 8, 1], "num_classes": 3},
+         "model": {"name": "tiny_mlp", "kwargs": {"hidden": [16]}}}
+    )  # fmt: skip
+    one = pool({"device_types": [{**LOCAL_POOL["device_types"][0], "local": {"cpus": [], "cpu_share": 1.0}}]})
+    profiles = calibrate_pool(spec, one, tmp_path / "cal", batch_sizes=(8, 64), min_seconds=0.1)
+    prof = profiles["fast"]
+    assert prof["batches"] == [8, 64] and all(t > 0 for t in prof["step_s"])
+    assert prof["fixed_s"] >= 0 and prof["per_sample_s"] >= 0 and prof["threads"] == 1
+    assert isinstance(prof["quota_enforced"], bool)
+
+
+def _stage_setup(tmp_path, **spec_extra):
+    from pipelines.rundir import RunDir, write_json
+    from pipelines.spec import load_spec
+
+    pool_file = tmp_path / "pool.yaml"
+    pool_file.write_text(json.dumps(LOCAL_POOL))
+    run_dir = RunDir(tmp_path / "run")
+    write_json(run_dir.result_path("preload"), {"rows_train": 5400, "input_key": "pre"})
+    spec = load_spec(
+        {"dataset": {"uri": str(tmp_path)}, "pool": str(pool_file), "launcher": "kubernetes", **spec_extra}
+    )
+    return spec, run_dir, pool_file
+
+
+def test_stage_kubernetes_needs_a_profiles_file(tmp_path):
+    from pipelines.estimate.stage import run
+    from pipelines.stages import StageContext
+
+    spec, run_dir, _ = _stage_setup(tmp_path)
+    with pytest.raises(StageError, match=r"pool\.profiles\.json"):
+        run(spec, run_dir, StageContext())
+
+
+def test_stage_with_profiles_file_writes_plan_and_is_idempotent(tmp_path):
+    from pipelines.estimate.stage import run
+    from pipelines.rundir import write_json
+    from pipelines.stages import StageContext
+
+    spec, run_dir, pool_file = _stage_setup(tmp_path, model={"name": "small_cnn"})
+    (tmp_path / "pool.profiles.json").write_text(
+        json.dumps(
+            {
+                k: {"fixed_s": v["fixed_s"], "per_sample_s": v["per_sample_s"]}
+                for k, v in LOCAL_PROFILES.items()
+            }
+        )
+    )
+    result = run(spec, run_dir, StageContext())
+    assert result["model"]["params"] == 105_866 and result["model"]["flops_per_sample"] > 2e6
+    assert set(result["profiles"]) == {"fast", "slow"}
+    assert all(p["max_batch"] > 1000 for p in result["profiles"].values())
+    plan_doc = json.loads((tmp_path / "run" / "estimate" / "plan.json").read_text())
+    assert plan_doc["global_batch"] == result["plan"]["global_batch"] == 128
+    assert [r["device"] for r in plan_doc["ranks"]] == ["fast", "slow"]
+    for field in (
+        "predicted_step_s",
+        "steps_per_epoch",
+        "predicted_total_s",
+        "objective_value",
+        "energy_j",
+        "cost",
+    ):
+        assert plan_doc[field] > 0
+
+    write_json(run_dir.result_path("estimate"), result)
+    assert run(spec, run_dir, StageContext())["input_key"] == result["input_key"]
+    (tmp_path / "pool.profiles.json").write_text(json.dumps({"fast": {"fixed_s": 0.1, "per_sample_s": -1}}))
+    with pytest.raises(StageError, match=r"fast\.per_sample_s must be a number >= 0, got -1"):  # new input
+        run(spec, run_dir, StageContext())
