@@ -1,0 +1,598 @@
+"""Kubernetes manifests for a Horovod job and for stage pods, as plain dicts (API field names).
+
+Nothing here contacts a cluster or imports Airflow or the ``kubernetes`` client: the same dicts
+are written by ``python -m pipelines render`` and turned into ``V1Pod`` objects by the Airflow
+operators in ``plugins/hetero``.
+
+Layout of one Horovod job (one Airflow task try):
+
+- a headless Service ``hvd-<job>-t<try>`` selecting *rank 0's pod only* (labels ``hetero_job``,
+  ``try_number`` and ``rank=0``), with ``publishNotReadyAddresses`` so its DNS name
+  ``<service>.<namespace>.svc`` resolves as soon as rank 0 has an IP.  Rank 0 hosts Horovod's
+  Gloo rendezvous server on :data:`~pipelines.launch.rendezvous.RENDEZVOUS_PORT`; every rank
+  (rank 0 included) reaches it through that name.
+- one pod per rank ``<task>-<job>-t<try>-r<rank>`` (deterministic, so a re-attaching operator can
+  tell what exists), resources with requests equal to limits, the device type's node selector,
+  tolerations and affinity, and the Horovod environment.
+
+Every object carries labels that trace it back to Airflow: ``dag_id``, ``run_id``, ``task_id``,
+``try_number`` (the same keys and value sanitising as the provider's KubernetesPodOperator),
+``hetero_job`` (a hash of dag, run, task and map index, stable across tries), ``rank`` and
+``device_type``; the unsanitised ids are kept in ``hetero.io/*`` annotations.
+
+Pods meet the Pod Security Standard "restricted": non-root (uid 10001), no privilege escalation,
+all capabilities dropped, seccomp ``RuntimeDefault``, read-only root filesystem with ``emptyDir``
+volumes for ``/tmp`` (and ``/dev/shm`` on rank pods), no service-account token unless a service
+account is named, and credentials only through ``envFrom`` of the configured Secret.
+"""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import hashlib
+import json
+import math
+import posixpath
+import re
+from pathlib import Path
+from typing import Any
+
+from pipelines.launch.rendezvous import (
+    ENV_BATCH,
+    ENV_DEVICE,
+    ENV_HOST_RENDEZVOUS,
+    ENV_THREADS,
+    RENDEZVOUS_PORT,
+    gloo_env,
+    pod_slots,
+)
+from pipelines.rundir import safe_component
+from pipelines.spec import DeviceType, JobSpec, PoolSpec, SpecError
+from pipelines.stages import STAGES, StageContext
+
+__all__ = [
+    "Identity",
+    "RANK_CONTAINER",
+    "STAGE_CONTAINER",
+    "POD_STAGES",
+    "RUN_AS_USER",
+    "label_value",
+    "cpu_threads",
+    "pod_security_context",
+    "container_security_context",
+    "artifact_mount_path",
+    "pod_run_dir",
+    "storage_problem",
+    "rendezvous_service_name",
+    "rendezvous_address",
+    "rendezvous_service_manifest",
+    "rank_pod_name",
+    "rank_pod_manifests",
+    "stage_command",
+    "stage_pod_manifest",
+    "job_manifests",
+    "load_plan",
+    "default_plan",
+]
+
+RANK_CONTAINER = "trainer"  # container name in rank pods
+STAGE_CONTAINER = "stage"  # container name in stage pods
+POD_STAGES = ("preload", "estimate", "lr-search", "analyze")  # stages that run as one pod each
+RUN_AS_USER = 10001  # the images' non-root user
+WORKDIR = "/work"  # the images' working directory; a relative artifact_root is resolved under it
+DEFAULT_STAGE_RESOURCES = {"cpu": "2", "memory": "4Gi"}
+MAX_LABEL_LEN = 63
+ANNOTATION_PREFIX = "hetero.io/"
+_LABEL_OK = re.compile(r"^[^a-z0-9A-Z]*|[^a-zA-Z0-9_\-\.]|[^a-z0-9A-Z]*$")
+_DNS = re.compile(r"[^a-z0-9-]+")
+
+
+# ------------------------------------------------------------------------------------ identity
+
+
+def label_value(value: str) -> str:
+    """``value`` as a valid label value: unchanged when valid, else cleaned, cut and suffixed by a hash.
+
+    Same result as the provider's ``make_safe_label_value`` (so rank pods and KubernetesPodOperator
+    stage pods of one run carry identical ``run_id`` labels).
+    """
+    safe = _LABEL_OK.sub("", value)
+    if len(safe) > MAX_LABEL_LEN or safe != value:
+        digest = hashlib.md5(value.encode(), usedforsecurity=False).hexdigest()[:9]
+        safe = safe[: MAX_LABEL_LEN - len(digest) - 1] + "-" + digest
+    return safe
+
+
+def _dns_label(value: str, max_len: int) -> str:
+    """Lower-case DNS label characters only, starting with a letter, at most ``max_len`` long."""
+    cleaned = _DNS.sub("-", value.lower()).strip("-") or "x"
+    if not cleaned[0].isalpha():
+        cleaned = "x" + cleaned
+    return cleaned[:max_len].rstrip("-")
+
+
+@dataclasses.dataclass(frozen=True)
+class Identity:
+    """Which Airflow task try a pod belongs to."""
+
+    dag_id: str = "cli"
+    run_id: str = "manual"
+    task_id: str = "train"
+    try_number: int = 1
+    map_index: int = -1
+
+    @property
+    def job_key(self) -> str:
+        """A short hash of dag, run, task and map index: the same for every try of one task."""
+        blob = f"{self.dag_id}\0{self.run_id}\0{self.task_id}\0{self.map_index}".encode()
+        return hashlib.sha256(blob).hexdigest()[:12]
+
+    def labels(self, component: str) -> dict[str, str]:
+        """Labels that trace an object back to this task try (``kubectl get pods -l dag_id=...``)."""
+        labels = {
+            "app.kubernetes.io/name": "hetero-pipelines",
+            "app.kubernetes.io/component": component,
+            "app.kubernetes.io/managed-by": "airflow",
+            "dag_id": label_value(self.dag_id),
+            "run_id": label_value(self.run_id),
+            "task_id": label_value(self.task_id),
+            "try_number": str(self.try_number),
+            "hetero_job": self.job_key,
+        }
+        if self.map_index >= 0:
+            labels["map_index"] = str(self.map_index)
+        return labels
+
+    def annotations(self) -> dict[str, str]:
+        """The ids as they are (labels may have been shortened)."""
+        out = {
+            f"{ANNOTATION_PREFIX}dag-id": self.dag_id,
+            f"{ANNOTATION_PREFIX}run-id": self.run_id,
+            f"{ANNOTATION_PREFIX}task-id": self.task_id,
+            f"{ANNOTATION_PREFIX}try-number": str(self.try_number),
+        }
+        if self.map_index >= 0:
+            out[f"{ANNOTATION_PREFIX}map-index"] = str(self.map_index)
+        return out
+
+    def job_selector(self, *, this_try: bool = False) -> str:
+        """Label selector for this task's objects (every try, or only this one)."""
+        sel = f"hetero_job={self.job_key}"
+        return f"{sel},try_number={self.try_number}" if this_try else sel
+
+
+# ------------------------------------------------------------------------------ small pieces
+
+
+def cpu_threads(resources: dict[str, str]) -> int:
+    """Whole CPU cores in a resources map (``"400m"`` -> 1, ``"8"`` -> 8), at least 1."""
+    cpu = str(resources.get("cpu", "1")).strip()
+    try:
+        cores = float(cpu[:-1]) / 1000 if cpu.endswith("m") else float(cpu)
+    except ValueError:
+        raise SpecError(f"pool: kubernetes.resources.cpu {cpu!r} is not a CPU quantity") from None
+    return max(1, math.floor(cores))
+
+
+def pod_security_context() -> dict[str, Any]:
+    """Pod-level settings for the "restricted" Pod Security Standard."""
+    return {
+        "runAsNonRoot": True,
+        "runAsUser": RUN_AS_USER,
+        "runAsGroup": RUN_AS_USER,
+        "fsGroup": RUN_AS_USER,
+        "seccompProfile": {"type": "RuntimeDefault"},
+    }
+
+
+def container_security_context() -> dict[str, Any]:
+    """Container-level settings for the "restricted" Pod Security Standard."""
+    return {
+        "allowPrivilegeEscalation": False,
+        "capabilities": {"drop": ["ALL"]},
+        "privileged": False,
+        "readOnlyRootFilesystem": True,
+        "runAsNonRoot": True,
+        "runAsUser": RUN_AS_USER,
+        "seccompProfile": {"type": "RuntimeDefault"},
+    }
+
+
+def _is_uri(path: str) -> bool:
+    return "://" in path and not path.startswith("file://")
+
+
+def artifact_mount_path(spec: JobSpec) -> str | None:
+    """Where the artifact volume is mounted in pods: ``artifact_root`` (under /work when relative).
+
+    None when ``artifact_root`` is an object-storage URI (no volume is mounted).
+    """
+    root = spec.artifact_root
+    if _is_uri(root):
+        return None
+    root = root.removeprefix("file://")
+    return posixpath.normpath(root if root.startswith("/") else posixpath.join(WORKDIR, root))
+
+
+def pod_run_dir(spec: JobSpec, identity: Identity) -> str:
+    """The run directory as pods see it: ``<mount>/<dag_id>/<run_id>`` (same naming as RunDir.for_run)."""
+    base = artifact_mount_path(spec) or spec.artifact_root.rstrip("/")
+    return f"{base}/{safe_component(identity.dag_id)}/{safe_component(identity.run_id)}"
+
+
+def storage_problem(spec: JobSpec) -> str | None:
+    """Why pods could not share the run directory, or None when they can."""
+    if spec.kubernetes.artifact_volume_claim is None and not _is_uri(spec.artifact_root):
+        return (
+            f"artifact_root {spec.artifact_root!r} is a local path but kubernetes.artifact_volume_claim is not "
+            "set: pods need a shared (ReadWriteMany) volume, or an object-storage artifact_root"
+        )
+    return None
+
+
+def _volumes(spec: JobSpec, *, shm: bool) -> tuple[list[dict], list[dict]]:
+    volumes: list[dict] = [{"name": "tmp", "emptyDir": {"sizeLimit": "4Gi"}}]
+    mounts: list[dict] = [{"name": "tmp", "mountPath": "/tmp"}]
+    if shm:  # NCCL and TensorFlow use shared memory; the runtime's default /dev/shm is 64 MiB
+        volumes.append({"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": "2Gi"}})
+        mounts.append({"name": "dshm", "mountPath": "/dev/shm"})
+    mount = artifact_mount_path(spec)
+    if spec.kubernetes.artifact_volume_claim and mount:
+        volumes.append(
+            {
+                "name": "artifacts",
+                "persistentVolumeClaim": {"claimName": spec.kubernetes.artifact_volume_claim},
+            }
+        )
+        mounts.append({"name": "artifacts", "mountPath": mount})
+    return volumes, mounts
+
+
+def _env_list(env: dict[str, str]) -> list[dict[str, str]]:
+    return [{"name": k, "value": str(v)} for k, v in env.items()]
+
+
+def _base_env(threads: int) -> dict[str, str]:
+    # Writable places on a read-only root filesystem.
+    return {
+        "HOME": "/tmp",
+        "TMPDIR": "/tmp",
+        "MPLCONFIGDIR": "/tmp/matplotlib",
+        "PYTHONUNBUFFERED": "1",
+        ENV_THREADS: str(threads),
+    }
+
+
+def _resources(resources: dict[str, str]) -> dict[str, dict[str, str]]:
+    # Requests equal to limits: Guaranteed QoS, and extended resources (GPUs) require it anyway.
+    values = {k: str(v) for k, v in resources.items()}
+    return {"requests": dict(values), "limits": dict(values)}
+
+
+def _pod(
+    spec: JobSpec,
+    *,
+    name: str,
+    labels: dict[str, str],
+    annotations: dict[str, str],
+    container: dict[str, Any],
+    device: DeviceType | None,
+    volumes: list[dict],
+) -> dict[str, Any]:
+    k = spec.kubernetes
+    pod_spec: dict[str, Any] = {
+        "restartPolicy": "Never",
+        "automountServiceAccountToken": k.service_account_name is not None,
+        "securityContext": pod_security_context(),
+        "containers": [container],
+        "volumes": volumes,
+        "terminationGracePeriodSeconds": 30,
+        "enableServiceLinks": False,
+    }
+    if k.service_account_name:
+        pod_spec["serviceAccountName"] = k.service_account_name
+    if device is not None:
+        kd = device.kubernetes
+        if kd.node_selector:
+            pod_spec["nodeSelector"] = dict(kd.node_selector)
+        if kd.tolerations:
+            pod_spec["tolerations"] = [dict(t) for t in kd.tolerations]
+        if kd.affinity:
+            pod_spec["affinity"] = dict(kd.affinity)
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "namespace": k.namespace, "labels": labels, "annotations": annotations},
+        "spec": pod_spec,
+    }
+
+
+def _container(
+    spec: JobSpec, name: str, command: list[str], env: dict[str, str], resources: dict, mounts: list
+):
+    container: dict[str, Any] = {
+        "name": name,
+        "image": spec.kubernetes.image,
+        "imagePullPolicy": spec.kubernetes.image_pull_policy,
+        "command": command,
+        "workingDir": WORKDIR,
+        "env": _env_list(env),
+        "resources": _resources(resources),
+        "securityContext": container_security_context(),
+        "volumeMounts": mounts,
+        "terminationMessagePolicy": "FallbackToLogsOnError",
+    }
+    if spec.kubernetes.secret_name:
+        container["envFrom"] = [{"secretRef": {"name": spec.kubernetes.secret_name}}]
+    return container
+
+
+# --------------------------------------------------------------------------------- the job
+
+
+def rendezvous_service_name(identity: Identity) -> str:
+    """``hvd-<job>-t<try>``: a DNS-1035 label, one per try."""
+    return f"hvd-{identity.job_key}-t{identity.try_number}"
+
+
+def rendezvous_address(spec: JobSpec, identity: Identity) -> str:
+    """The DNS name every rank uses to reach rank 0's rendezvous server."""
+    return f"{rendezvous_service_name(identity)}.{spec.kubernetes.namespace}.svc"
+
+
+def rendezvous_service_manifest(spec: JobSpec, identity: Identity) -> dict[str, Any]:
+    """The headless Service selecting rank 0's pod of this try."""
+    labels = identity.labels("rendezvous")
+    selector = {"hetero_job": identity.job_key, "try_number": str(identity.try_number), "rank": "0"}
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {
+            "name": rendezvous_service_name(identity),
+            "namespace": spec.kubernetes.namespace,
+            "labels": labels,
+            "annotations": identity.annotations(),
+        },
+        "spec": {
+            "clusterIP": "None",
+            "publishNotReadyAddresses": True,
+            "selector": selector,
+            "ports": [
+                {
+                    "name": "rendezvous",
+                    "port": RENDEZVOUS_PORT,
+                    "targetPort": RENDEZVOUS_PORT,
+                    "protocol": "TCP",
+                }
+            ],
+        },
+    }
+
+
+def rank_pod_name(identity: Identity, rank: int) -> str:
+    """``<task>-<job>-t<try>-r<rank>``, at most 63 characters."""
+    suffix = f"-{identity.job_key[:8]}-t{identity.try_number}-r{rank}"
+    return _dns_label(identity.task_id, 63 - len(suffix)) + suffix
+
+
+def _kueue(spec: JobSpec, labels: dict, annotations: dict, group: str | None, total: int) -> None:
+    queue = spec.kubernetes.kueue_queue
+    if not queue:
+        return
+    labels["kueue.x-k8s.io/queue-name"] = queue
+    if group:  # gang admission: Kueue admits the pod group only when all `total` pods fit
+        labels["kueue.x-k8s.io/pod-group-name"] = group
+        annotations["kueue.x-k8s.io/pod-group-total-count"] = str(total)
+
+
+def _check_plan(plan: dict[str, Any], pool: PoolSpec) -> list[dict[str, Any]]:
+    ranks = plan.get("ranks")
+    if not isinstance(ranks, list) or not ranks:
+        raise SpecError("plan: field 'ranks' must be a non-empty list")
+    ranks = sorted(ranks, key=lambda r: int(r.get("rank", -1)))
+    for i, r in enumerate(ranks):
+        if int(r.get("rank", -1)) != i:
+            raise SpecError(
+                f"plan: ranks must be numbered 0..{len(ranks) - 1}, got rank {r.get('rank')!r} at position {i}"
+            )
+        pool.get(str(r.get("device")))  # raises naming the device
+        batch = r.get("batch")
+        if not isinstance(batch, int) or batch < 1:
+            raise SpecError(f"plan: ranks[{i}].batch must be a positive integer, got {batch!r}")
+    return ranks
+
+
+def rank_pod_manifests(
+    spec: JobSpec,
+    pool: PoolSpec,
+    plan: dict[str, Any],
+    identity: Identity,
+    run_dir: str | None = None,
+) -> list[dict[str, Any]]:
+    """One pod per rank of ``plan`` (format of docs/CONTRACTS.md), rank 0 first."""
+    ranks = _check_plan(plan, pool)
+    run_dir = run_dir or pod_run_dir(spec, identity)
+    slots = pod_slots(len(ranks))
+    addr = rendezvous_address(spec, identity)
+    group = rendezvous_service_name(identity)
+    volumes, mounts = _volumes(spec, shm=True)
+    command = [
+        "python",
+        "-m",
+        "pipelines.train.trainer",
+        "--spec",
+        f"{run_dir}/spec.json",
+        "--run-dir",
+        run_dir,
+    ]
+    pods = []
+    for r, slot in zip(ranks, slots, strict=True):
+        device = pool.get(r["device"])
+        threads = cpu_threads(device.kubernetes.resources)
+        env = {
+            **_base_env(threads),
+            **slot.env(),
+            **gloo_env(addr=addr, port=RENDEZVOUS_PORT, iface="eth0"),
+            ENV_DEVICE: device.name,
+            ENV_BATCH: str(r["batch"]),
+        }
+        if slot.rank == 0:
+            env[ENV_HOST_RENDEZVOUS] = "1"
+        labels = {**identity.labels("horovod-rank"), "rank": str(slot.rank), "device_type": device.name}
+        annotations = {
+            **identity.annotations(),
+            f"{ANNOTATION_PREFIX}global-batch": str(plan.get("global_batch", "")),
+        }
+        _kueue(spec, labels, annotations, group, len(ranks))
+        container = _container(spec, RANK_CONTAINER, command, env, device.kubernetes.resources, mounts)
+        if slot.rank == 0:
+            container["ports"] = [{"name": "rendezvous", "containerPort": RENDEZVOUS_PORT, "protocol": "TCP"}]
+        pods.append(
+            _pod(
+                spec,
+                name=rank_pod_name(identity, slot.rank),
+                labels=labels,
+                annotations=annotations,
+                container=container,
+                device=device,
+                volumes=volumes,
+            )
+        )
+    return pods
+
+
+def job_manifests(
+    spec: JobSpec, pool: PoolSpec, plan: dict[str, Any], identity: Identity, run_dir: str | None = None
+) -> dict[str, Any]:
+    """``{"service": <Service>, "pods": [<rank pods>]}`` for one try of a Horovod job."""
+    return {
+        "service": rendezvous_service_manifest(spec, identity),
+        "pods": rank_pod_manifests(spec, pool, plan, identity, run_dir),
+    }
+
+
+# ------------------------------------------------------------------------------- stage pods
+
+
+def stage_command(stage: str, spec_arg: str, run_dir: str, ctx: StageContext) -> list[str]:
+    """The command line a stage runs with, locally and in a pod: ``python -m pipelines <stage> ...``."""
+    if stage not in STAGES:
+        raise SpecError(f"unknown stage {stage!r}; choose from {sorted(STAGES)}")
+    args = ["python", "-m", "pipelines", stage, "--spec", spec_arg, "--run-dir", run_dir, *ctx.to_args()]
+    if ctx.fresh:
+        args.append("--fresh")
+    return args
+
+
+def stage_pod_manifest(
+    spec: JobSpec,
+    stage: str,
+    identity: Identity,
+    *,
+    ctx: StageContext | None = None,
+    run_dir: str | None = None,
+    spec_arg: str | None = None,
+    pool: PoolSpec | None = None,
+    device: str | None = None,
+    resources: dict[str, str] | None = None,
+) -> dict[str, Any]:
+    """One pod running one stage with the trainer image.
+
+    The spec goes inline as JSON unless ``spec_arg`` names a file the pod can read.  ``device``
+    (a device type of ``pool``) takes that type's resources and placement; otherwise ``resources``
+    (default 2 CPUs, 4Gi).  The stage prints its JSON result as its last log line.
+    """
+    if stage not in POD_STAGES:
+        raise SpecError(f"stage {stage!r} does not run as a single pod; choose from {list(POD_STAGES)}")
+    ctx = ctx or StageContext(dag_id=identity.dag_id, run_id=identity.run_id, try_number=identity.try_number)
+    run_dir = run_dir or pod_run_dir(spec, identity)
+    spec_arg = spec_arg or spec.to_json()
+    dev = None
+    if device is not None:
+        if pool is None:
+            raise SpecError(f"stage pod {stage!r}: device {device!r} given without a pool")
+        dev = pool.get(device)
+    res = dict(dev.kubernetes.resources if dev else (resources or DEFAULT_STAGE_RESOURCES))
+    volumes, mounts = _volumes(spec, shm=False)
+    env = _base_env(cpu_threads(res))
+    if dev is not None:
+        env[ENV_DEVICE] = dev.name
+    labels = {**identity.labels("stage"), "stage": stage}
+    if dev is not None:
+        labels["device_type"] = dev.name
+    annotations = identity.annotations()
+    _kueue(spec, labels, annotations, None, 1)
+    container = _container(
+        spec, STAGE_CONTAINER, stage_command(stage, spec_arg, run_dir, ctx), env, res, mounts
+    )
+    name = _dns_label(f"{identity.task_id}", 40) + f"-{identity.job_key[:8]}-t{identity.try_number}"
+    return _pod(
+        spec,
+        name=name,
+        labels=labels,
+        annotations=annotations,
+        container=container,
+        device=dev,
+        volumes=volumes,
+    )
+
+
+# ------------------------------------------------------------------------------------ plans
+
+
+def load_plan(source: str | dict[str, Any] | Path) -> dict[str, Any]:
+    """A plan from a dict, a JSON (or Python-literal) string, or a file (plan.json or estimate result.json)."""
+    if isinstance(source, dict):
+        plan = source
+    else:
+        text = str(source).strip()
+        if text.startswith("{"):
+            try:
+                plan = json.loads(text)
+            except json.JSONDecodeError:
+                try:  # a dict rendered by a Jinja template without native objects
+                    plan = ast.literal_eval(text)
+                except (ValueError, SyntaxError):
+                    raise SpecError(f"plan: not valid JSON: {text[:80]!r}") from None
+        else:
+            path = Path(text)
+            if not path.is_file():
+                raise SpecError(f"{path}: plan file not found")
+            try:
+                plan = json.loads(path.read_text())
+            except json.JSONDecodeError as e:
+                raise SpecError(f"{path}: not valid JSON: {e}") from None
+    if isinstance(plan, dict) and "ranks" not in plan and isinstance(plan.get("plan"), dict):
+        plan = plan["plan"]  # the estimate stage's result.json
+    if not isinstance(plan, dict):
+        raise SpecError(f"plan: expected a mapping, got {type(plan).__name__}")
+    return plan
+
+
+def default_plan(spec: JobSpec, pool: PoolSpec) -> dict[str, Any]:
+    """One rank per device in the pool; the global batch split in proportion to device memory.
+
+    With ``training.global_batch: auto``, 64 samples per rank.
+    """
+    devices = [d for d in pool.device_types for _ in range(d.count)]
+    n = len(devices)
+    gb = spec.training.global_batch
+    if gb == "auto":
+        batches = [64] * n
+    else:
+        if gb < n:
+            raise SpecError(f"training.global_batch {gb} is smaller than the {n} ranks of the pool")
+        total_mem = sum(d.memory_gb for d in devices)
+        raw = [(gb - n) * d.memory_gb / total_mem for d in devices]
+        batches = [1 + math.floor(x) for x in raw]
+        order = sorted(range(n), key=lambda i: raw[i] - math.floor(raw[i]), reverse=True)
+        for i in order[: gb - sum(batches)]:
+            batches[i] += 1
+    return {
+        "global_batch": sum(batches),
+        "ranks": [
+            {"rank": i, "device": d.name, "batch": b}
+            for i, (d, b) in enumerate(zip(devices, batches, strict=True))
+        ],
+    }

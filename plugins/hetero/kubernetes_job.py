@@ -1,0 +1,634 @@
+"""The Horovod job operator: N rank pods and a rendezvous Service, started, watched and removed as one.
+
+One KubernetesPodOperator per rank is a trap (ranks start at different times, a partial start
+deadlocks in the rendezvous, a retried rank cannot rejoin).  :class:`HorovodJobOperator` instead
+owns the whole gang of one task try:
+
+1. builds the manifests with :mod:`pipelines.launch.k8s` and renders each pod through the
+   provider's pod construction (``PodGenerator`` merge with the optional pod template file, then
+   Airflow's ``pod_mutation_hook``);
+2. deletes pods of older tries, re-attaches to pods of this try that already exist (a worker that
+   died and came back), and creates only what is missing;
+3. waits until every pod runs: unscheduled pods may wait ``scheduling_timeout_s`` (the failure
+   quotes the scheduler's event), scheduled pods ``image_pull_timeout_s``; image errors,
+   CrashLoopBackOff and container-config errors fail at once;
+4. streams rank 0's log into the task log; when any rank fails, deletes every pod and the Service
+   and fails with that rank's exit code and last log lines; on success deletes everything; on kill
+   deletes everything.
+
+All cluster calls go through a ``CoreV1Api``-like object (see :class:`CoreV1Like`), so tests can
+substitute a fake that returns ``kubernetes.client`` model objects.
+"""
+
+from __future__ import annotations
+
+import ast
+import collections
+import json
+import time
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any, Protocol
+
+from airflow.sdk import BaseOperator
+from airflow.sdk.exceptions import AirflowException
+
+from pipelines.launch import k8s
+
+if TYPE_CHECKING:
+    from airflow.sdk import Context
+    from kubernetes.client import models as k8s_models
+
+__all__ = [
+    "CoreV1Like",
+    "GangError",
+    "PodStartError",
+    "RankFailedError",
+    "HorovodGang",
+    "HorovodJobOperator",
+    "build_pod",
+    "identity_from_context",
+]
+
+KEPT_LABEL = "hetero_kept"  # failed pods kept for inspection; never re-attached or cleaned up by retries
+IMMEDIATE_FAILURES = {
+    "InvalidImageName",
+    "ErrImageNeverPull",
+    "CrashLoopBackOff",
+    "CreateContainerConfigError",
+    "CreateContainerError",
+    "RunContainerError",
+}
+
+
+class CoreV1Like(Protocol):
+    """The part of ``kubernetes.client.CoreV1Api`` the gang uses."""
+
+    def create_namespaced_pod(self, namespace: str, body: Any, **kwargs: Any) -> Any: ...
+    def list_namespaced_pod(self, namespace: str, **kwargs: Any) -> Any: ...
+    def delete_namespaced_pod(self, name: str, namespace: str, **kwargs: Any) -> Any: ...
+    def patch_namespaced_pod(self, name: str, namespace: str, body: Any, **kwargs: Any) -> Any: ...
+    def read_namespaced_pod_log(self, name: str, namespace: str, **kwargs: Any) -> Any: ...
+    def list_namespaced_event(self, namespace: str, **kwargs: Any) -> Any: ...
+    def create_namespaced_service(self, namespace: str, body: Any, **kwargs: Any) -> Any: ...
+    def list_namespaced_service(self, namespace: str, **kwargs: Any) -> Any: ...
+    def delete_namespaced_service(self, name: str, namespace: str, **kwargs: Any) -> Any: ...
+
+
+class GangError(AirflowException):
+    """The Horovod job failed; the message names the rank, pod and cause."""
+
+
+class PodStartError(GangError):
+    """A rank pod could not start (unschedulable, image error, timeout)."""
+
+    def __init__(self, message: str, *, rank: int, pod_name: str, reason: str):
+        super().__init__(message)
+        self.rank, self.pod_name, self.reason = rank, pod_name, reason
+
+
+class RankFailedError(GangError):
+    """A rank's container exited non-zero (or its pod failed)."""
+
+    def __init__(self, message: str, *, rank: int, pod_name: str, exit_code: int | None, log_tail: list[str]):
+        super().__init__(message)
+        self.rank, self.pod_name, self.exit_code, self.log_tail = rank, pod_name, exit_code, log_tail
+
+
+# ---------------------------------------------------------------------------- pod inspection
+
+
+def _api_exception() -> type[Exception]:
+    from kubernetes.client.exceptions import ApiException
+
+    return ApiException
+
+
+def _status_code(exc: Exception) -> int | None:
+    status = getattr(exc, "status", None)
+    return int(status) if status is not None else None
+
+
+def _container_status(pod: k8s_models.V1Pod, name: str) -> Any:
+    for cs in (pod.status and pod.status.container_statuses) or []:
+        if cs.name == name:
+            return cs
+    return None
+
+
+def _terminated(pod: k8s_models.V1Pod, name: str) -> Any:
+    cs = _container_status(pod, name)
+    if cs is None:
+        return None
+    if cs.state and cs.state.terminated:
+        return cs.state.terminated
+    return cs.last_state.terminated if cs.last_state and cs.last_state.terminated else None
+
+
+def _phase(pod: k8s_models.V1Pod) -> str:
+    return (pod.status and pod.status.phase) or "Pending"
+
+
+def _is_scheduled(pod: k8s_models.V1Pod) -> bool:
+    if pod.spec is not None and pod.spec.node_name:
+        return True
+    for cond in (pod.status and pod.status.conditions) or []:
+        if cond.type == "PodScheduled":
+            return cond.status == "True"
+    return False
+
+
+def _startup_problem(pod: k8s_models.V1Pod) -> str | None:
+    """A reason to fail at once: image errors (not transient ones), crash loops, config errors."""
+    from airflow.providers.cncf.kubernetes.utils.pod_manager import detect_pod_terminate_early_issues
+
+    if pod.status is None:
+        return None
+    for cs in pod.status.container_statuses or []:
+        waiting = cs.state.waiting if cs.state else None
+        if waiting and waiting.reason in IMMEDIATE_FAILURES:
+            return f"{waiting.reason}: {waiting.message or ''}".strip()
+    issue = detect_pod_terminate_early_issues(pod)
+    return " ".join(issue.split()) if issue else None
+
+
+def _rank(pod: k8s_models.V1Pod) -> int:
+    return int(pod.metadata.labels["rank"])
+
+
+def _try(obj: Any) -> str:
+    return (obj.metadata.labels or {}).get("try_number", "")
+
+
+# ---------------------------------------------------------------------------- construction
+
+
+def build_pod(manifest: dict[str, Any], pod_template_file: str | None = None) -> k8s_models.V1Pod:
+    """A manifest dict as a ``V1Pod`` through the provider's pod construction.
+
+    The pod template (if any) is the base; the manifest's fields win, lists (env, volumes, mounts)
+    are extended.  Airflow's cluster policy ``pod_mutation_hook`` runs last, as for any KPO pod.
+    """
+    from airflow.providers.cncf.kubernetes.pod_generator import PodGenerator
+    from airflow.settings import pod_mutation_hook
+
+    pod = PodGenerator.deserialize_model_dict(manifest)
+    if pod_template_file:
+        base = PodGenerator.deserialize_model_file(pod_template_file)
+        pod = PodGenerator.reconcile_pods(base, pod)
+    pod_mutation_hook(pod)
+    return pod
+
+
+def identity_from_context(context: Context) -> k8s.Identity:
+    """The task try an Airflow context describes."""
+    ti = context["ti"]
+    map_index = getattr(ti, "map_index", -1)
+    return k8s.Identity(
+        dag_id=ti.dag_id,
+        run_id=context["run_id"],
+        task_id=ti.task_id,
+        try_number=int(ti.try_number),
+        map_index=-1 if map_index is None else int(map_index),
+    )
+
+
+# ---------------------------------------------------------------------------------- the gang
+
+
+class HorovodGang:
+    """One try of a Horovod job on Kubernetes: create or re-attach, watch, clean up."""
+
+    def __init__(
+        self,
+        client: CoreV1Like,
+        identity: k8s.Identity,
+        service: dict[str, Any],
+        pods: Sequence[k8s_models.V1Pod],
+        *,
+        namespace: str,
+        scheduling_timeout_s: float,
+        image_pull_timeout_s: float,
+        keep_failed_pods: bool = False,
+        poll_interval_s: float = 5.0,
+        log_tail_lines: int = 40,
+        log: Any = None,
+        clock: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], None] = time.sleep,
+    ):
+        import logging
+
+        self.client = client
+        self.identity = identity
+        self.service = service
+        self.pods = list(pods)
+        self.namespace = namespace
+        self.scheduling_timeout_s = scheduling_timeout_s
+        self.image_pull_timeout_s = image_pull_timeout_s
+        self.keep_failed_pods = keep_failed_pods
+        self.poll_interval_s = poll_interval_s
+        self.log_tail_lines = log_tail_lines
+        self.log = log or logging.getLogger(__name__)
+        self.clock = clock
+        self.sleep = sleep
+        self.killed = False
+        self.reattached: list[str] = []
+        self._log_last_ts: Any = None
+        self._log_seen_at_last: set[str] = set()
+        self._rank0_lines: collections.deque[str] = collections.deque(maxlen=200)
+
+    # -- lifecycle
+
+    def run(self) -> dict[str, Any]:
+        """Create (or re-attach), wait for completion and clean up; raises :class:`GangError` on failure."""
+        try:
+            self.attach_or_create()
+            summary = self.wait()
+        except BaseException as exc:
+            self.cleanup(keep_failed=self.keep_failed_pods and isinstance(exc, RankFailedError))
+            raise
+        self.cleanup()
+        return summary
+
+    def kill(self) -> None:
+        """Stop watching and delete everything (called from ``on_kill``)."""
+        self.killed = True
+        self.cleanup()
+
+    def attach_or_create(self) -> None:
+        """Delete older tries' objects, re-attach to this try's pods, create what is missing."""
+        existing = self._list_pods(self.identity.job_selector() + f",{KEPT_LABEL}!=true")
+        current = str(self.identity.try_number)
+        for pod in existing:
+            if _try(pod) != current:
+                self.log.info("Deleting pod %s of older try %s", pod.metadata.name, _try(pod))
+                self._delete_pod(pod.metadata.name)
+        for svc in self.client.list_namespaced_service(
+            self.namespace, label_selector=self.identity.job_selector()
+        ).items:
+            if _try(svc) != current:
+                self._delete_service(svc.metadata.name)
+        mine = {pod.metadata.name for pod in existing if _try(pod) == current}
+        self.reattached = sorted(mine)
+        if mine:
+            self.log.info(
+                "Re-attaching to %d existing pod(s) of try %s: %s", len(mine), current, self.reattached
+            )
+        try:
+            self.client.create_namespaced_service(self.namespace, self.service)
+        except _api_exception() as e:
+            if _status_code(e) != 409:
+                raise
+        for pod in self.pods:
+            if pod.metadata.name in mine:
+                continue
+            try:
+                self.client.create_namespaced_pod(self.namespace, pod)
+                self.log.info(
+                    "Created pod %s (rank %s, %s)",
+                    pod.metadata.name,
+                    _rank(pod),
+                    pod.metadata.labels.get("device_type"),
+                )
+            except _api_exception() as e:
+                if _status_code(e) != 409:
+                    raise
+
+    def wait(self) -> dict[str, Any]:
+        """Poll until every rank succeeded; fail fast on the first broken rank."""
+        start = self.clock()
+        scheduled_at: dict[int, float] = {}
+        all_running = False
+        want = {_rank(p): p.metadata.name for p in self.pods}
+        while True:
+            if self.killed:
+                raise GangError("the task was killed; every pod and the Service were deleted")
+            pods = {_rank(p): p for p in self._list_pods(self.identity.job_selector(this_try=True))}
+            gone = sorted(set(want) - set(pods))
+            if gone:
+                names = [want[r] for r in gone]
+                raise GangError(
+                    f"pod(s) {names} of rank(s) {gone} disappeared (deleted or evicted); the job cannot continue"
+                )
+            self._check_failed(pods)
+            now = self.clock()
+            for rank, pod in sorted(pods.items()):
+                problem = _startup_problem(pod)
+                if problem:
+                    raise PodStartError(
+                        f"rank {rank} pod {pod.metadata.name} cannot start: {problem}",
+                        rank=rank,
+                        pod_name=pod.metadata.name,
+                        reason=problem.split(":")[0],
+                    )
+                if _phase(pod) != "Pending":
+                    continue
+                if not _is_scheduled(pod):
+                    if now - start > self.scheduling_timeout_s:
+                        raise PodStartError(
+                            f"rank {rank} pod {pod.metadata.name} was not scheduled within "
+                            f"scheduling_timeout_s={self.scheduling_timeout_s:g}: {self._scheduler_message(pod)}",
+                            rank=rank,
+                            pod_name=pod.metadata.name,
+                            reason="Unschedulable",
+                        )
+                    continue
+                since = scheduled_at.setdefault(rank, now)
+                if now - since > self.image_pull_timeout_s:
+                    raise PodStartError(
+                        f"rank {rank} pod {pod.metadata.name} was scheduled but its containers did not start within "
+                        f"image_pull_timeout_s={self.image_pull_timeout_s:g}: {self._waiting_message(pod)}",
+                        rank=rank,
+                        pod_name=pod.metadata.name,
+                        reason="StartupTimeout",
+                    )
+            phases = {r: _phase(p) for r, p in pods.items()}
+            if not all_running and all(ph in ("Running", "Succeeded") for ph in phases.values()):
+                all_running = True
+                self.log.info("All %d ranks are running (after %.0f s)", len(pods), now - start)
+            if 0 in pods:
+                self._stream_rank0(pods[0])
+            if all(ph == "Succeeded" for ph in phases.values()):
+                return self._summary(pods)
+            self.sleep(self.poll_interval_s)
+
+    def cleanup(self, *, keep_failed: bool = False) -> None:
+        """Delete every pod (all tries; failed ones kept when asked) and the Service. Never raises."""
+        try:
+            for pod in self._list_pods(self.identity.job_selector() + f",{KEPT_LABEL}!=true"):
+                if keep_failed and _phase(pod) == "Failed":
+                    self.log.info("Keeping failed pod %s for inspection", pod.metadata.name)
+                    self.client.patch_namespaced_pod(
+                        pod.metadata.name, self.namespace, {"metadata": {"labels": {KEPT_LABEL: "true"}}}
+                    )
+                    continue
+                self._delete_pod(pod.metadata.name)
+            for svc in self.client.list_namespaced_service(
+                self.namespace, label_selector=self.identity.job_selector()
+            ).items:
+                self._delete_service(svc.metadata.name)
+        except Exception:
+            self.log.exception("Cleaning up the pods of %s failed", self.identity.job_selector())
+
+    # -- helpers
+
+    def _list_pods(self, selector: str) -> list[k8s_models.V1Pod]:
+        return list(self.client.list_namespaced_pod(self.namespace, label_selector=selector).items)
+
+    def _delete_pod(self, name: str) -> None:
+        try:
+            self.client.delete_namespaced_pod(name, self.namespace)
+        except _api_exception() as e:
+            if _status_code(e) != 404:
+                raise
+
+    def _delete_service(self, name: str) -> None:
+        try:
+            self.client.delete_namespaced_service(name, self.namespace)
+        except _api_exception() as e:
+            if _status_code(e) != 404:
+                raise
+
+    def _check_failed(self, pods: dict[int, k8s_models.V1Pod]) -> None:
+        failed = []
+        for rank, pod in pods.items():
+            term = _terminated(pod, k8s.RANK_CONTAINER)
+            if _phase(pod) == "Failed" or (term is not None and term.exit_code not in (0, None)):
+                finished = getattr(term, "finished_at", None)
+                failed.append((finished is None, str(finished or ""), rank, pod, term))
+        if not failed:
+            return
+        _, _, rank, pod, term = min(failed, key=lambda f: f[:3])  # the first to fail is the likely cause
+        code = term.exit_code if term is not None else None
+        reason = (term.reason if term is not None else None) or (pod.status and pod.status.reason) or "Error"
+        tail = self._log_tail(pod, term)
+        raise RankFailedError(
+            f"rank {rank} (pod {pod.metadata.name}, device {pod.metadata.labels.get('device_type')}) failed "
+            f"with exit code {code} ({reason}); last {len(tail)} log line(s):\n" + "\n".join(tail),
+            rank=rank,
+            pod_name=pod.metadata.name,
+            exit_code=code,
+            log_tail=tail,
+        )
+
+    def _log_tail(self, pod: k8s_models.V1Pod, term: Any) -> list[str]:
+        try:
+            text = self.client.read_namespaced_pod_log(
+                pod.metadata.name,
+                self.namespace,
+                container=k8s.RANK_CONTAINER,
+                tail_lines=self.log_tail_lines,
+            )
+            lines = str(text or "").splitlines()
+        except Exception:
+            lines = []
+        if not lines and term is not None and term.message:  # FallbackToLogsOnError
+            lines = str(term.message).splitlines()
+        return lines[-self.log_tail_lines :]
+
+    def _scheduler_message(self, pod: k8s_models.V1Pod) -> str:
+        try:
+            events = self.client.list_namespaced_event(
+                self.namespace, field_selector=f"involvedObject.name={pod.metadata.name}"
+            ).items
+        except Exception:
+            events = []
+        sched = [e for e in events if e.reason == "FailedScheduling"]
+        if sched:
+            return f'FailedScheduling: "{sched[-1].message}"'
+        for cond in (pod.status and pod.status.conditions) or []:
+            if cond.type == "PodScheduled" and cond.message:
+                return f'{cond.reason or "Unschedulable"}: "{cond.message}"'
+        return "no scheduler event recorded (is the node selector or toleration right?)"
+
+    def _waiting_message(self, pod: k8s_models.V1Pod) -> str:
+        for cs in (pod.status and pod.status.container_statuses) or []:
+            if cs.state and cs.state.waiting:
+                return (
+                    f"{cs.name} waiting: {cs.state.waiting.reason}: {cs.state.waiting.message or ''}".strip()
+                )
+        return "containers not started"
+
+    def _stream_rank0(self, pod: k8s_models.V1Pod) -> None:
+        """Copy rank 0's new log lines into the task log (timestamps mark what was already copied)."""
+        from airflow.providers.cncf.kubernetes.utils.pod_manager import parse_log_line
+
+        cs = _container_status(pod, k8s.RANK_CONTAINER)
+        if cs is None or cs.state is None or (cs.state.running is None and cs.state.terminated is None):
+            return
+        kwargs: dict[str, Any] = {"container": k8s.RANK_CONTAINER, "timestamps": True}
+        if self._log_last_ts is not None:
+            import pendulum
+
+            kwargs["since_seconds"] = max(
+                1, int((pendulum.now("UTC") - self._log_last_ts).total_seconds()) + 2
+            )
+        try:
+            text = self.client.read_namespaced_pod_log(pod.metadata.name, self.namespace, **kwargs)
+        except Exception as e:  # logs are best effort; the pod status decides the outcome
+            self.log.debug("Reading rank 0's log failed: %s", e)
+            return
+        for raw in str(text or "").splitlines():
+            ts, message = parse_log_line(raw)
+            if ts is not None and self._log_last_ts is not None:
+                if ts < self._log_last_ts or (ts == self._log_last_ts and raw in self._log_seen_at_last):
+                    continue
+            if ts is not None:
+                if ts != self._log_last_ts:
+                    self._log_last_ts, self._log_seen_at_last = ts, set()
+                self._log_seen_at_last.add(raw)
+            self._rank0_lines.append(message)
+            self.log.info("[rank 0] %s", message)
+
+    def _summary(self, pods: dict[int, k8s_models.V1Pod]) -> dict[str, Any]:
+        result = None
+        for line in reversed(self._rank0_lines):
+            text = line.strip()
+            if text.startswith("{"):
+                try:
+                    result = json.loads(text)
+                    break
+                except json.JSONDecodeError:
+                    continue
+        return {
+            "namespace": self.namespace,
+            "service": self.service["metadata"]["name"],
+            "pods": [pods[r].metadata.name for r in sorted(pods)],
+            "ranks": len(pods),
+            "try_number": self.identity.try_number,
+            "reattached": self.reattached,
+            "result": result,
+        }
+
+
+# -------------------------------------------------------------------------------- operator
+
+
+def _load_mapping(value: Any, what: str) -> Any:
+    """Accept a dict, JSON, a Python-literal dict (Jinja without native rendering) or a path."""
+    if isinstance(value, dict) or not isinstance(value, str):
+        return value
+    text = value.strip()
+    if text.startswith("{"):
+        try:
+            return json.loads(text)
+        except json.JSONDecodeError:
+            try:
+                return ast.literal_eval(text)
+            except (ValueError, SyntaxError):
+                raise AirflowException(f"{what}: neither JSON nor a mapping: {text[:80]!r}") from None
+    return text
+
+
+class HorovodJobOperator(BaseOperator):
+    """Run the Horovod trainer as one pod per rank of a plan, as a gang.
+
+    :param spec_json: the job spec (JSON text, a dict, or a path the worker can read). (templated)
+    :param plan: the plan (dict, JSON, the estimate stage's result, or a path to plan.json); None
+        for one rank per device of the pool. (templated)
+    :param run_dir: the run directory as pods see it (default: under the artifact volume). (templated)
+    :param pool: pool file path or dict (default: the spec's ``pool``). (templated)
+    :param kubernetes_conn_id: Airflow connection (default: the spec's ``kubernetes.kubernetes_conn_id``).
+    :param poll_interval: seconds between status polls.
+    :param log_tail_lines: log lines of a failed rank quoted in the error.
+
+    Pods are labelled ``dag_id``, ``run_id``, ``task_id``, ``try_number``, ``rank``, ``device_type``
+    and ``hetero_job``; ``kubectl get pods -l dag_id=<dag>,run_id=<label-safe run id>`` finds them.
+    """
+
+    template_fields: Sequence[str] = ("spec_json", "plan", "run_dir", "pool")
+    ui_color = "#d6e4f5"
+
+    def __init__(
+        self,
+        *,
+        spec_json: str | dict,
+        plan: str | dict | None = None,
+        run_dir: str | None = None,
+        pool: str | dict | None = None,
+        kubernetes_conn_id: str | None = None,
+        in_cluster: bool | None = None,
+        config_file: str | None = None,
+        cluster_context: str | None = None,
+        poll_interval: float = 5.0,
+        log_tail_lines: int = 40,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(**kwargs)
+        self.spec_json = spec_json
+        self.plan = plan
+        self.run_dir = run_dir
+        self.pool = pool
+        self.kubernetes_conn_id = kubernetes_conn_id
+        self.in_cluster = in_cluster
+        self.config_file = config_file
+        self.cluster_context = cluster_context
+        self.poll_interval = poll_interval
+        self.log_tail_lines = log_tail_lines
+        self._gang: HorovodGang | None = None
+
+    def build_manifests(self, identity: k8s.Identity) -> tuple[Any, dict[str, Any]]:
+        """``(spec, {"service": ..., "pods": [...]})`` as plain dicts, for ``identity``."""
+        from pipelines.spec import load_pool, load_spec
+
+        spec = load_spec(_load_mapping(self.spec_json, "spec_json"))
+        pool = load_pool(_load_mapping(self.pool, "pool") if self.pool is not None else spec.pool)
+        plan = (
+            k8s.load_plan(self.plan) if self.plan not in (None, "", "None") else k8s.default_plan(spec, pool)
+        )
+        return spec, k8s.job_manifests(spec, pool, plan, identity, self.run_dir or None)
+
+    def build_pods(self, identity: k8s.Identity) -> tuple[Any, dict[str, Any], list[k8s_models.V1Pod]]:
+        """``(spec, service manifest, [V1Pod per rank])`` rendered through the provider's pod construction."""
+        spec, manifests = self.build_manifests(identity)
+        pods = [build_pod(m, spec.kubernetes.pod_template_file) for m in manifests["pods"]]
+        return spec, manifests["service"], pods
+
+    def get_core_v1(self, spec: Any) -> CoreV1Like:
+        """The ``CoreV1Api`` of the connection (tests replace this method)."""
+        from airflow.providers.cncf.kubernetes.hooks.kubernetes import KubernetesHook
+
+        hook = KubernetesHook(
+            conn_id=self.kubernetes_conn_id or spec.kubernetes.kubernetes_conn_id,
+            in_cluster=self.in_cluster,
+            config_file=self.config_file,
+            cluster_context=self.cluster_context,
+        )
+        return hook.core_v1_client
+
+    def make_gang(
+        self, client: CoreV1Like, spec: Any, identity: k8s.Identity, service: dict, pods: list
+    ) -> HorovodGang:
+        return HorovodGang(
+            client,
+            identity,
+            service,
+            pods,
+            namespace=spec.kubernetes.namespace,
+            scheduling_timeout_s=spec.kubernetes.scheduling_timeout_s,
+            image_pull_timeout_s=spec.kubernetes.image_pull_timeout_s,
+            keep_failed_pods=spec.kubernetes.keep_failed_pods,
+            poll_interval_s=self.poll_interval,
+            log_tail_lines=self.log_tail_lines,
+            log=self.log,
+        )
+
+    def execute(self, context: Context) -> dict[str, Any]:
+        identity = identity_from_context(context)
+        spec, service, pods = self.build_pods(identity)
+        problem = k8s.storage_problem(spec)
+        if problem:
+            raise AirflowException(problem)
+        self.log.info(
+            "Horovod job: %d ranks in namespace %s; find the pods with: kubectl get pods -n %s -l %s",
+            len(pods),
+            spec.kubernetes.namespace,
+            spec.kubernetes.namespace,
+            identity.job_selector(this_try=True),
+        )
+        self._gang = self.make_gang(self.get_core_v1(spec), spec, identity, service, pods)
+        return self._gang.run()
+
+    def on_kill(self) -> None:
+        if self._gang is not None:
+            self.log.info("Task killed: deleting every pod and the Service of this job")
+            self._gang.kill()

@@ -1,0 +1,234 @@
+"""A fake ``CoreV1Api`` that records calls and returns ``kubernetes.client`` model objects.
+
+Each pod follows a *script*: a list of status builders indexed by how many ticks (fake sleeps)
+have passed since the pod was created; the last entry repeats.
+"""
+
+from __future__ import annotations
+
+import copy
+import datetime as dt
+from collections.abc import Callable
+from typing import Any
+
+from kubernetes.client import models as m
+from kubernetes.client.exceptions import ApiException
+
+T0 = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
+StatusFn = Callable[[], m.V1PodStatus]
+
+
+def _cs(state: m.V1ContainerState, name: str = "trainer", last: m.V1ContainerState | None = None):
+    return m.V1ContainerStatus(
+        name=name,
+        image="img",
+        image_id="",
+        ready=state.running is not None,
+        restart_count=0,
+        state=state,
+        last_state=last,
+    )
+
+
+def unschedulable(message: str = "0/3 nodes are available: 3 Insufficient nvidia.com/gpu.") -> StatusFn:
+    return lambda: m.V1PodStatus(
+        phase="Pending",
+        conditions=[
+            m.V1PodCondition(type="PodScheduled", status="False", reason="Unschedulable", message=message)
+        ],
+    )
+
+
+def pulling(name: str = "trainer") -> StatusFn:
+    return lambda: m.V1PodStatus(
+        phase="Pending",
+        conditions=[m.V1PodCondition(type="PodScheduled", status="True")],
+        container_statuses=[
+            _cs(m.V1ContainerState(waiting=m.V1ContainerStateWaiting(reason="ContainerCreating")), name)
+        ],
+    )
+
+
+def waiting(reason: str, message: str, name: str = "trainer") -> StatusFn:
+    return lambda: m.V1PodStatus(
+        phase="Pending",
+        conditions=[m.V1PodCondition(type="PodScheduled", status="True")],
+        container_statuses=[
+            _cs(m.V1ContainerState(waiting=m.V1ContainerStateWaiting(reason=reason, message=message)), name)
+        ],
+    )
+
+
+def running(name: str = "trainer") -> StatusFn:
+    return lambda: m.V1PodStatus(
+        phase="Running",
+        conditions=[m.V1PodCondition(type="PodScheduled", status="True")],
+        container_statuses=[_cs(m.V1ContainerState(running=m.V1ContainerStateRunning(started_at=T0)), name)],
+    )
+
+
+def terminated(
+    code: int, *, seconds: int = 60, name: str = "trainer", message: str | None = None
+) -> StatusFn:
+    state = m.V1ContainerState(
+        terminated=m.V1ContainerStateTerminated(
+            exit_code=code,
+            reason="Completed" if code == 0 else "Error",
+            finished_at=T0 + dt.timedelta(seconds=seconds),
+            message=message,
+        )
+    )
+    return lambda: m.V1PodStatus(
+        phase="Succeeded" if code == 0 else "Failed",
+        conditions=[m.V1PodCondition(type="PodScheduled", status="True")],
+        container_statuses=[_cs(state, name)],
+    )
+
+
+def _matches(labels: dict[str, str], selector: str | None) -> bool:
+    for term in filter(None, (selector or "").split(",")):
+        if "!=" in term:
+            k, v = term.split("!=", 1)
+            if labels.get(k) == v:
+                return False
+        elif "=" in term:
+            k, v = term.split("=", 1)
+            if labels.get(k) != v:
+                return False
+        elif term.startswith("!"):
+            if term[1:] in labels:
+                return False
+        elif term not in labels:
+            return False
+    return True
+
+
+class FakeCoreV1:
+    """Records every call in ``calls`` as ``(method, name)``; pods evolve with ``tick()``."""
+
+    def __init__(
+        self, scripts: dict[int, list[StatusFn]] | None = None, default: list[StatusFn] | None = None
+    ):
+        self.scripts = scripts or {}
+        self.default = default or [pulling(), running(), terminated(0)]
+        self.pods: dict[str, m.V1Pod] = {}
+        self.born: dict[str, int] = {}
+        self.pod_scripts: dict[str, list[StatusFn]] = {}
+        self.services: dict[str, Any] = {}
+        self.events: dict[str, list[m.CoreV1Event]] = {}
+        self.logs: dict[int, list[str]] = {}
+        self.calls: list[tuple[str, str]] = []
+        self.now = 0
+
+    # -- test helpers
+
+    def tick(self, _seconds: float = 0) -> None:
+        self.now += 1
+
+    def add_pod(self, pod: m.V1Pod, script: list[StatusFn]) -> None:
+        """A pod that already exists (left by an earlier worker)."""
+        pod = copy.deepcopy(pod)
+        self.pods[pod.metadata.name] = pod
+        self.born[pod.metadata.name] = self.now
+        self.pod_scripts[pod.metadata.name] = script
+
+    def created(self, kind: str = "pod") -> list[str]:
+        return [n for c, n in self.calls if c == f"create_{kind}"]
+
+    def deleted(self, kind: str = "pod") -> list[str]:
+        return [n for c, n in self.calls if c == f"delete_{kind}"]
+
+    def _status(self, name: str) -> m.V1Pod:
+        pod = copy.deepcopy(self.pods[name])
+        script = self.pod_scripts[name]
+        pod.status = script[min(self.now - self.born[name], len(script) - 1)]()
+        return pod
+
+    # -- CoreV1Api
+
+    def create_namespaced_pod(self, namespace: str, body: Any, **kwargs: Any) -> m.V1Pod:
+        assert isinstance(body, m.V1Pod), type(body)
+        name = body.metadata.name
+        self.calls.append(("create_pod", name))
+        if name in self.pods:
+            raise ApiException(status=409, reason="AlreadyExists")
+        rank = int(body.metadata.labels["rank"])
+        self.add_pod(body, self.scripts.get(rank, self.default))
+        return self._status(name)
+
+    def list_namespaced_pod(
+        self, namespace: str, label_selector: str | None = None, **kwargs: Any
+    ) -> m.V1PodList:
+        self.calls.append(("list_pod", label_selector or ""))
+        items = [
+            self._status(n) for n, p in self.pods.items() if _matches(p.metadata.labels or {}, label_selector)
+        ]
+        return m.V1PodList(items=items)
+
+    def read_namespaced_pod(self, name: str, namespace: str, **kwargs: Any) -> m.V1Pod:
+        if name not in self.pods:
+            raise ApiException(status=404, reason="NotFound")
+        return self._status(name)
+
+    def delete_namespaced_pod(self, name: str, namespace: str, **kwargs: Any) -> None:
+        self.calls.append(("delete_pod", name))
+        if self.pods.pop(name, None) is None:
+            raise ApiException(status=404, reason="NotFound")
+
+    def patch_namespaced_pod(self, name: str, namespace: str, body: Any, **kwargs: Any) -> None:
+        self.calls.append(("patch_pod", name))
+        self.pods[name].metadata.labels.update(body["metadata"]["labels"])
+
+    def read_namespaced_pod_log(self, name: str, namespace: str, **kwargs: Any) -> str:
+        rank = int(self.pods[name].metadata.labels["rank"])
+        lines = self.logs.get(rank, [])
+        if kwargs.get("tail_lines"):
+            lines = lines[-kwargs["tail_lines"] :]
+        if kwargs.get("timestamps"):
+            lines = [
+                f"{(T0 + dt.timedelta(seconds=i)).isoformat().replace('+00:00', 'Z')} {s}"
+                for i, s in enumerate(lines)
+            ]
+        return "\n".join(lines)
+
+    def list_namespaced_event(
+        self, namespace: str, field_selector: str = "", **kwargs: Any
+    ) -> m.CoreV1EventList:
+        name = field_selector.split("=", 1)[1] if "=" in field_selector else ""
+        return m.CoreV1EventList(items=list(self.events.get(name, [])))
+
+    def create_namespaced_service(self, namespace: str, body: Any, **kwargs: Any) -> Any:
+        name = body["metadata"]["name"]
+        self.calls.append(("create_service", name))
+        if name in self.services:
+            raise ApiException(status=409, reason="AlreadyExists")
+        self.services[name] = body
+        return body
+
+    def list_namespaced_service(
+        self, namespace: str, label_selector: str | None = None, **kwargs: Any
+    ) -> Any:
+        items = []
+        for body in self.services.values():
+            if _matches(body["metadata"]["labels"], label_selector):
+                items.append(
+                    m.V1Service(
+                        metadata=m.V1ObjectMeta(**{k: body["metadata"][k] for k in ("name", "labels")})
+                    )
+                )
+        return m.V1ServiceList(items=items)
+
+    def delete_namespaced_service(self, name: str, namespace: str, **kwargs: Any) -> None:
+        self.calls.append(("delete_service", name))
+        if self.services.pop(name, None) is None:
+            raise ApiException(status=404, reason="NotFound")
+
+
+def scheduling_event(pod_name: str, message: str) -> m.CoreV1Event:
+    return m.CoreV1Event(
+        metadata=m.V1ObjectMeta(name=f"{pod_name}.1"),
+        involved_object=m.V1ObjectReference(kind="Pod", name=pod_name),
+        reason="FailedScheduling",
+        message=message,
+        type="Warning",
+    )

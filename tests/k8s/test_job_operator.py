@@ -1,0 +1,302 @@
+"""HorovodJobOperator / HorovodGang against a fake CoreV1Api returning kubernetes model objects."""
+
+from __future__ import annotations
+
+import json
+import logging
+
+import kubernetes_validate
+import pytest
+import yaml
+from conftest import GPU_POOL, make_context
+from fakes import (
+    FakeCoreV1,
+    pulling,
+    running,
+    scheduling_event,
+    terminated,
+    unschedulable,
+    waiting,
+)
+from kubernetes.client import ApiClient
+from restricted import restricted_violations
+
+from hetero.kubernetes_job import (
+    GangError,
+    HorovodJobOperator,
+    PodStartError,
+    RankFailedError,
+    build_pod,
+    identity_from_context,
+)
+from pipelines.spec import load_pool
+
+
+class ListLog(logging.Logger):
+    def __init__(self):
+        super().__init__("test")
+        self.lines: list[str] = []
+
+    def _log(self, level, msg, args, **kwargs):  # noqa: ANN001
+        self.lines.append(msg % args if args else msg)
+
+
+def make_operator(spec_doc, plan, fake: FakeCoreV1, **kwargs):
+    op = HorovodJobOperator(
+        task_id="train", spec_json=json.dumps(spec_doc), plan=json.dumps(plan), poll_interval=1, **kwargs
+    )
+    op.get_core_v1 = lambda spec: fake
+    make = op.make_gang
+    op.log_lines = ListLog()
+
+    def fake_time(*args):
+        gang = make(*args)
+        gang.clock = lambda: float(fake.now)  # one second per poll
+        gang.sleep = fake.tick
+        gang.log = op.log_lines
+        op.gang = gang
+        return gang
+
+    op.make_gang = fake_time
+    return op
+
+
+def assert_all_gone(fake: FakeCoreV1):
+    assert fake.pods == {} and fake.services == {}
+
+
+def test_all_ranks_start_and_succeed(spec_doc, mixed_plan):
+    fake = FakeCoreV1()
+    fake.logs[0] = ["epoch 1 loss 0.9", "epoch 2 loss 0.5", '{"final_loss": 0.5, "steps": 20}']
+    fake.logs[1] = ["rank 1 chatter"]
+    op = make_operator(spec_doc, mixed_plan, fake)
+    result = op.execute(make_context())
+    assert len(fake.created("pod")) == 3 and len(fake.created("service")) == 1
+    assert result["ranks"] == 3 and result["result"] == {"final_loss": 0.5, "steps": 20}
+    rank0 = [line for line in op.log_lines.lines if line.startswith("[rank 0]")]
+    assert rank0 == [f"[rank 0] {s}" for s in fake.logs[0]]  # streamed once each, in order
+    assert not any("rank 1 chatter" in line for line in op.log_lines.lines)
+    assert sorted(fake.deleted("pod")) == sorted(result["pods"])
+    assert_all_gone(fake)
+
+
+def test_one_rank_fails_while_others_run(spec_doc, mixed_plan):
+    fake = FakeCoreV1(scripts={1: [pulling(), running(), running(), terminated(137, message="OOMKilled")]})
+    fake.default = [pulling(), running()]  # ranks 0 and 2 would run forever
+    fake.logs[1] = [f"line {i}" for i in range(100)] + ["Traceback: allreduce failed"]
+    op = make_operator(spec_doc, mixed_plan, fake, log_tail_lines=5)
+    with pytest.raises(RankFailedError) as info:
+        op.execute(make_context())
+    err = info.value
+    assert (err.rank, err.exit_code) == (1, 137)
+    assert err.log_tail == ["line 96", "line 97", "line 98", "line 99", "Traceback: allreduce failed"]
+    assert "exit code 137" in str(err) and "allreduce failed" in str(err) and "v100" in str(err)
+    assert len(fake.deleted("pod")) == 3
+    assert_all_gone(fake)
+
+
+def test_the_first_rank_to_fail_is_reported(spec_doc, mixed_plan):
+    fake = FakeCoreV1(
+        scripts={1: [running(), terminated(1, seconds=50)], 2: [running(), terminated(3, seconds=10)]},
+        default=[running()],
+    )
+    with pytest.raises(RankFailedError) as info:
+        make_operator(spec_doc, mixed_plan, fake).execute(make_context())
+    assert (info.value.rank, info.value.exit_code) == (2, 3)
+
+
+def test_failed_pods_are_kept_when_configured(spec_doc, mixed_plan):
+    spec_doc["kubernetes"]["keep_failed_pods"] = True
+    fake = FakeCoreV1(scripts={2: [running(), terminated(2)]}, default=[running()])
+    with pytest.raises(RankFailedError):
+        make_operator(spec_doc, mixed_plan, fake).execute(make_context())
+    kept = list(fake.pods.values())
+    assert [p.metadata.labels["rank"] for p in kept] == ["2"]
+    assert kept[0].metadata.labels["hetero_kept"] == "true"
+    assert fake.services == {}
+
+
+def test_a_pod_that_never_schedules_times_out_quoting_the_scheduler(spec_doc, mixed_plan):
+    message = "0/12 nodes are available: 4 Insufficient nvidia.com/gpu, 8 node(s) didn't match node selector."
+    fake = FakeCoreV1(scripts={2: [unschedulable(message)]}, default=[pulling(), running()])
+    op = make_operator(spec_doc, mixed_plan, fake)
+    name = op.build_pods(identity_from_context(make_context()))[2][2].metadata.name
+    fake.events[name] = [scheduling_event(name, message)]
+    with pytest.raises(PodStartError) as info:
+        op.execute(make_context())
+    assert info.value.rank == 2 and info.value.reason == "Unschedulable"
+    assert message in str(info.value) and "scheduling_timeout_s=60" in str(info.value)
+    timeout = spec_doc["kubernetes"]["scheduling_timeout_s"]
+    assert timeout < fake.now <= timeout + 2  # waited the whole scheduling timeout, no longer
+    assert_all_gone(fake)
+
+
+def test_scheduled_pods_get_the_separate_image_pull_timeout(spec_doc, mixed_plan):
+    fake = FakeCoreV1(scripts={0: [unschedulable()] * 50 + [pulling()]}, default=[pulling(), running()])
+    with pytest.raises(PodStartError) as info:
+        make_operator(spec_doc, mixed_plan, fake).execute(make_context())
+    # scheduled after 50 s (within the 60 s scheduling timeout), then 120 s of pulling allowed
+    assert info.value.reason == "StartupTimeout" and "image_pull_timeout_s=120" in str(info.value)
+    assert 50 + 120 < fake.now <= 50 + 120 + 2
+    assert_all_gone(fake)
+
+
+@pytest.mark.parametrize(
+    "reason, message",
+    [
+        ("ErrImagePull", 'failed to pull "registry/trainer:nope": not found'),
+        ("InvalidImageName", 'couldn\'t parse image name "UPPER:case"'),
+        ("CrashLoopBackOff", "back-off 10s restarting failed container"),
+    ],
+)
+def test_image_and_crash_errors_fail_fast(spec_doc, mixed_plan, reason, message):
+    fake = FakeCoreV1(scripts={1: [waiting(reason, message)]}, default=[pulling()])
+    with pytest.raises(PodStartError) as info:
+        make_operator(spec_doc, mixed_plan, fake).execute(make_context())
+    assert info.value.reason in (reason, "Image cannot be pulled, unable to start")
+    assert reason in str(info.value) and fake.now == 0  # on the first poll
+    assert_all_gone(fake)
+
+
+def test_a_transient_image_pull_error_is_waited_out(spec_doc, mixed_plan):
+    flaky = waiting("ErrImagePull", "toomanyrequests: rate limit exceeded")
+    fake = FakeCoreV1(
+        scripts={1: [flaky, flaky, running(), terminated(0)]}, default=[running(), terminated(0)]
+    )
+    result = make_operator(spec_doc, mixed_plan, fake).execute(make_context())
+    assert result["ranks"] == 3
+
+
+def test_reattach_after_worker_restart_creates_no_second_set(spec_doc, mixed_plan):
+    fake = FakeCoreV1()
+    ctx = make_context(try_number=2)
+    op = make_operator(spec_doc, mixed_plan, fake)
+    identity = identity_from_context(ctx)
+    _, service, pods = op.build_pods(identity)
+    fake.services[service["metadata"]["name"]] = service
+    for pod in pods:  # the dead worker's pods of this try, still running
+        fake.add_pod(pod, [running(), running(), terminated(0)])
+    old_ident = identity_from_context(make_context(try_number=1))
+    _, old_service, old_pods = op.build_pods(old_ident)
+    fake.services[old_service["metadata"]["name"]] = old_service
+    fake.add_pod(old_pods[0], [running()])  # an older try's pod is deleted first
+    result = op.execute(ctx)
+    assert fake.created("pod") == []
+    assert result["reattached"] == sorted(p.metadata.name for p in pods)
+    assert fake.deleted("pod")[0] == old_pods[0].metadata.name
+    assert fake.deleted("service")[0] == old_service["metadata"]["name"]
+    assert_all_gone(fake)
+
+
+def test_reattach_creates_only_missing_ranks(spec_doc, mixed_plan):
+    fake = FakeCoreV1()
+    op = make_operator(spec_doc, mixed_plan, fake)
+    _, _, pods = op.build_pods(identity_from_context(make_context()))
+    fake.add_pod(pods[0], [running(), terminated(0)])
+    op.execute(make_context())
+    assert fake.created("pod") == [pods[1].metadata.name, pods[2].metadata.name]
+
+
+def test_on_kill_deletes_everything(spec_doc, mixed_plan):
+    fake = FakeCoreV1(default=[running()])
+    op = make_operator(spec_doc, mixed_plan, fake)
+    tick = fake.tick
+
+    def kill_on_third_poll(seconds):
+        tick(seconds)
+        if fake.now == 3:
+            op.on_kill()  # what Airflow calls when the task is marked failed or times out
+            assert_all_gone(fake)
+
+    original = op.make_gang
+
+    def with_kill(*args):
+        gang = original(*args)
+        gang.sleep = kill_on_third_poll
+        return gang
+
+    op.make_gang = with_kill
+    with pytest.raises(GangError, match="killed"):
+        op.execute(make_context())
+    assert len(fake.deleted("pod")) == 3 and fake.deleted("service")
+    assert_all_gone(fake)
+
+
+def test_a_pod_deleted_from_outside_fails_the_job(spec_doc, mixed_plan):
+    fake = FakeCoreV1(default=[running()])
+    op = make_operator(spec_doc, mixed_plan, fake)
+    tick = fake.tick
+
+    def evict(seconds):
+        tick(seconds)
+        if fake.now == 2:
+            fake.pods.pop(next(n for n in fake.pods if n.endswith("-r1")))
+
+    original = op.make_gang
+    op.make_gang = lambda *a: setattr(g := original(*a), "sleep", evict) or g
+    with pytest.raises(GangError, match=r"rank\(s\) \[1\]"):
+        op.execute(make_context())
+    assert_all_gone(fake)
+
+
+def test_built_pods_match_the_mixed_plan_and_validate(spec_doc, mixed_plan):
+    """What the DAG's kubernetes launcher creates: resources, node selectors and batches of the plan."""
+    op = HorovodJobOperator(task_id="train", spec_json=spec_doc, plan=mixed_plan)
+    spec, service, pods = op.build_pods(identity_from_context(make_context()))
+    pool = load_pool(GPU_POOL)
+    api = ApiClient()
+    for r, pod in zip(mixed_plan["ranks"], pods, strict=True):
+        device = pool.get(r["device"])
+        c = pod.spec.containers[0]
+        assert c.resources.requests == c.resources.limits == device.kubernetes.resources
+        assert pod.spec.node_selector == device.kubernetes.node_selector
+        env = {e.name: e.value for e in c.env}
+        assert env["HETERO_LOCAL_BATCH"] == str(r["batch"])
+        assert pod.metadata.labels["device_type"] == r["device"]
+        manifest = api.sanitize_for_serialization(pod)
+        kubernetes_validate.validate(manifest, "1.37.0", strict=True)
+        assert restricted_violations(manifest) == []
+    kubernetes_validate.validate(service, "1.37.0", strict=True)
+
+
+def test_the_pod_template_file_is_merged_under_the_pods(tmp_path, spec_doc, mixed_plan):
+    template = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"labels": {"team": "ml"}},
+        "spec": {
+            "priorityClassName": "training",
+            "containers": [{"name": "trainer", "env": [{"name": "NCCL_DEBUG", "value": "WARN"}]}],
+        },
+    }
+    path = tmp_path / "template.yaml"
+    path.write_text(yaml.safe_dump(template))
+    spec_doc["kubernetes"]["pod_template_file"] = str(path)
+    op = HorovodJobOperator(task_id="train", spec_json=spec_doc, plan=mixed_plan)
+    _, _, pods = op.build_pods(identity_from_context(make_context()))
+    pod = pods[1]
+    assert pod.spec.priority_class_name == "training"
+    assert pod.metadata.labels["team"] == "ml" and pod.metadata.labels["rank"] == "1"
+    env = {e.name: e.value for e in pod.spec.containers[0].env}
+    assert env["NCCL_DEBUG"] == "WARN" and env["HOROVOD_RANK"] == "1"
+    assert pod.spec.containers[0].image == "hetero-pipelines-trainer:0.1.0"
+
+
+def test_build_pod_runs_the_cluster_policy(monkeypatch, spec_doc, mixed_plan):
+    import airflow.settings
+
+    def policy(pod):
+        pod.metadata.labels["policy"] = "applied"
+
+    monkeypatch.setattr(airflow.settings, "pod_mutation_hook", policy)
+    op = HorovodJobOperator(task_id="train", spec_json=spec_doc, plan=mixed_plan)
+    _, manifests = op.build_manifests(identity_from_context(make_context()))
+    assert build_pod(manifests["pods"][0]).metadata.labels["policy"] == "applied"
+
+
+def test_a_local_artifact_root_without_a_volume_is_refused(spec_doc, mixed_plan):
+    spec_doc["kubernetes"].pop("artifact_volume_claim")
+    fake = FakeCoreV1()
+    with pytest.raises(Exception, match="artifact_volume_claim"):
+        make_operator(spec_doc, mixed_plan, fake).execute(make_context())
+    assert fake.calls == []

@@ -1,0 +1,270 @@
+"""Manifests from pipelines.launch.k8s / render: schema-valid, restricted, traceable, matching the plan."""
+
+from __future__ import annotations
+
+import copy
+import json
+import re
+from pathlib import Path
+
+import kubernetes_validate
+import pytest
+import yaml
+from conftest import GPU_POOL, LOCAL_POOL
+from restricted import restricted_violations
+
+from pipelines.__main__ import main
+from pipelines.launch import k8s
+from pipelines.launch.render import render_job
+from pipelines.launch.rendezvous import RENDEZVOUS_PORT
+from pipelines.spec import SpecError, load_pool, load_spec
+from pipelines.stages import StageContext
+
+K8S_VERSION = "1.37.0"
+LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
+RUN_ID = "manual__2026-01-01T00:00:00+00:00"
+
+
+def _env(pod: dict) -> dict[str, str]:
+    return {e["name"]: e["value"] for e in pod["spec"]["containers"][0]["env"] if "value" in e}
+
+
+@pytest.fixture
+def rendered(spec_doc, mixed_plan) -> dict[str, dict]:
+    spec_doc["kubernetes"]["kueue_queue"] = "gpu-queue"
+    return render_job(spec_doc, GPU_POOL, mixed_plan, dag_id="train_pipeline", run_id=RUN_ID)
+
+
+def test_every_manifest_validates_against_the_kubernetes_schema(rendered, spec_doc):
+    local = dict(spec_doc, pool=LOCAL_POOL, training={"global_batch": "auto"})
+    manifests = list(rendered.values()) + list(render_job(local).values())
+    assert len(manifests) == 1 + 3 + 4 + 1 + 2 + 4
+    for manifest in manifests:
+        kubernetes_validate.validate(manifest, K8S_VERSION, strict=True)
+
+
+def test_schema_validation_catches_a_broken_manifest(rendered):
+    broken = copy.deepcopy(rendered["rank-0.yaml"])
+    broken["spec"]["containers"][0]["resources"]["limits"]["cpu"] = {"not": "a quantity"}
+    with pytest.raises(kubernetes_validate.ValidationError):
+        kubernetes_validate.validate(broken, K8S_VERSION, strict=True)
+
+
+def test_every_pod_meets_the_restricted_pod_security_standard(rendered):
+    pods = [m for m in rendered.values() if m["kind"] == "Pod"]
+    assert len(pods) == 7
+    for pod in pods:
+        assert restricted_violations(pod) == [], pod["metadata"]["name"]
+        sc = pod["spec"]["containers"][0]["securityContext"]
+        assert sc["capabilities"] == {"drop": ["ALL"]}
+        assert pod["spec"]["securityContext"]["runAsUser"] == k8s.RUN_AS_USER
+        mounts = {vm["mountPath"] for vm in pod["spec"]["containers"][0]["volumeMounts"]}
+        assert "/tmp" in mounts and "/mnt/artifacts" in mounts  # writable places on a read-only root
+
+
+@pytest.mark.parametrize(
+    "breakage, expected",
+    [
+        (
+            lambda p: p["spec"]["containers"][0]["securityContext"].pop("allowPrivilegeEscalation"),
+            "allowPrivilegeEscalation",
+        ),
+        (
+            lambda p: p["spec"]["containers"][0]["securityContext"].update(capabilities={"drop": []}),
+            "drop must include ALL",
+        ),
+        (
+            lambda p: [
+                p["spec"]["securityContext"].pop("seccompProfile"),
+                p["spec"]["containers"][0]["securityContext"].pop("seccompProfile"),
+            ],
+            "seccompProfile",
+        ),
+        (lambda p: p["spec"]["volumes"].append({"name": "h", "hostPath": {"path": "/"}}), "hostPath"),
+        (lambda p: p["spec"].update(automountServiceAccountToken=True), "automountServiceAccountToken"),
+        (
+            lambda p: p["spec"]["containers"][0]["env"].append(
+                {"name": "AWS_SECRET_ACCESS_KEY", "value": "x"}
+            ),
+            "plain value",
+        ),
+    ],
+)
+def test_the_restricted_check_flags_each_missing_field(rendered, breakage, expected):
+    pod = copy.deepcopy(rendered["rank-1.yaml"])
+    breakage(pod)
+    assert any(expected in v for v in restricted_violations(pod))
+
+
+def test_rank_pods_match_the_plan(rendered, mixed_plan):
+    pool = load_pool(GPU_POOL)
+    for r in mixed_plan["ranks"]:
+        pod = rendered[f"rank-{r['rank']}.yaml"]
+        device = pool.get(r["device"])
+        c = pod["spec"]["containers"][0]
+        assert c["resources"]["requests"] == c["resources"]["limits"] == device.kubernetes.resources
+        assert c["resources"]["limits"]["nvidia.com/gpu"] == "1"
+        assert pod["spec"]["nodeSelector"] == device.kubernetes.node_selector
+        assert pod["spec"]["tolerations"] == device.kubernetes.tolerations
+        env = _env(pod)
+        assert env["HETERO_LOCAL_BATCH"] == str(r["batch"])
+        assert env["HETERO_DEVICE_TYPE"] == r["device"]
+        assert env["HOROVOD_RANK"] == str(r["rank"]) and env["HOROVOD_SIZE"] == "3"
+        assert env["HETERO_CPU_THREADS"] == device.kubernetes.resources["cpu"]
+        assert env["HOROVOD_GLOO_RENDEZVOUS_ADDR"] == rendered["service.yaml"]["metadata"]["name"] + ".ml.svc"
+        assert env["HOROVOD_GLOO_RENDEZVOUS_PORT"] == str(RENDEZVOUS_PORT)
+        assert ("HETERO_HOST_RENDEZVOUS" in env) == (r["rank"] == 0)
+        assert c["command"][:3] == ["python", "-m", "pipelines.train.trainer"]
+        assert c["envFrom"] == [{"secretRef": {"name": "s3-credentials"}}]
+
+
+def test_the_headless_service_selects_rank_zero_only(rendered):
+    svc = rendered["service.yaml"]
+    assert svc["spec"]["clusterIP"] == "None"
+    assert svc["spec"]["ports"][0]["port"] == RENDEZVOUS_PORT
+    selected = [
+        name
+        for name, m in rendered.items()
+        if m["kind"] == "Pod"
+        and all(m["metadata"]["labels"].get(k) == v for k, v in svc["spec"]["selector"].items())
+    ]
+    assert selected == ["rank-0.yaml"]
+
+
+def test_labels_trace_each_pod_to_its_task_and_are_valid(rendered):
+    for m in rendered.values():
+        labels = m["metadata"]["labels"]
+        for key, value in labels.items():
+            assert len(value) <= 63 and LABEL_VALUE.match(value), (key, value)
+        assert labels["dag_id"] == "train_pipeline"
+        assert labels["try_number"] == "1"
+        assert m["metadata"]["annotations"]["hetero.io/run-id"] == RUN_ID
+    pod = rendered["rank-2.yaml"]["metadata"]["labels"]
+    assert (pod["task_id"], pod["rank"], pod["device_type"]) == ("train", "2", "t4")
+    assert pod["run_id"] != RUN_ID  # ':' and '+' are not allowed in label values
+
+
+@pytest.mark.parametrize("value", [RUN_ID, "scheduled__2026-01-01", "x" * 80, "-bad-", "ok.value_1"])
+def test_label_values_are_the_same_as_the_providers(value):
+    from airflow.providers.cncf.kubernetes.pod_generator import make_safe_label_value
+
+    assert k8s.label_value(value) == make_safe_label_value(value)
+
+
+def test_kueue_gang_labels(rendered):
+    for r in range(3):
+        meta = rendered[f"rank-{r}.yaml"]["metadata"]
+        assert meta["labels"]["kueue.x-k8s.io/queue-name"] == "gpu-queue"
+        assert meta["labels"]["kueue.x-k8s.io/pod-group-name"] == rendered["service.yaml"]["metadata"]["name"]
+        assert meta["annotations"]["kueue.x-k8s.io/pod-group-total-count"] == "3"
+    assert "kueue.x-k8s.io/pod-group-name" not in rendered["stage-preload.yaml"]["metadata"]["labels"]
+
+
+def test_service_account_token_only_when_asked(spec_doc, mixed_plan):
+    ident = k8s.Identity()
+    pool = load_pool(GPU_POOL)
+    pod = k8s.rank_pod_manifests(load_spec(spec_doc), pool, mixed_plan, ident)[0]
+    assert pod["spec"]["automountServiceAccountToken"] is False and "serviceAccountName" not in pod["spec"]
+    spec_doc["kubernetes"]["service_account_name"] = "trainer"
+    pod = k8s.rank_pod_manifests(load_spec(spec_doc), pool, mixed_plan, ident)[0]
+    assert (
+        pod["spec"]["automountServiceAccountToken"] is True and pod["spec"]["serviceAccountName"] == "trainer"
+    )
+
+
+def test_stage_pods_run_the_local_command_line(spec_doc):
+    from hetero.stage_runner import stage_command as local_stage_command
+    from pipelines.rundir import RunDir
+
+    spec = load_spec(spec_doc)
+    ctx = StageContext(dag_id="d", run_id=RUN_ID, try_number=2)
+    run_dir = RunDir("/mnt/artifacts/d/run")
+    local = local_stage_command("estimate", spec, run_dir, ctx, "python")
+    ident = k8s.Identity(dag_id="d", run_id=RUN_ID, task_id="estimate", try_number=2)
+    pod = k8s.stage_pod_manifest(spec, "estimate", ident, ctx=ctx, run_dir=str(run_dir))
+    assert pod["spec"]["containers"][0]["command"] == local
+
+
+def test_stage_pod_on_a_device_type_takes_its_resources(spec_doc):
+    spec = load_spec(spec_doc)
+    pod = k8s.stage_pod_manifest(spec, "lr-search", k8s.Identity(), pool=load_pool(GPU_POOL), device="v100")
+    assert pod["spec"]["nodeSelector"] == {"nvidia.com/gpu.product": "Tesla-V100-SXM2-16GB"}
+    assert pod["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] == "1"
+    with pytest.raises(SpecError, match="train"):
+        k8s.stage_pod_manifest(spec, "train", k8s.Identity())
+
+
+def test_default_plan_splits_the_global_batch(spec_doc):
+    spec, pool = load_spec(spec_doc), load_pool(GPU_POOL)
+    plan = k8s.default_plan(spec, pool)
+    assert len(plan["ranks"]) == 14 and plan["global_batch"] == 256
+    assert sum(r["batch"] for r in plan["ranks"]) == 256
+    by_device = {r["device"]: r["batch"] for r in plan["ranks"]}
+    assert by_device["a100"] > by_device["v100"]  # proportional to memory
+    auto = k8s.default_plan(load_spec(dict(spec_doc, training={"global_batch": "auto"})), pool)
+    assert {r["batch"] for r in auto["ranks"]} == {64}
+
+
+def test_bad_plans_are_named(spec_doc, mixed_plan):
+    spec, pool = load_spec(spec_doc), load_pool(GPU_POOL)
+    bad = copy.deepcopy(mixed_plan)
+    bad["ranks"][1]["device"] = "h100"
+    with pytest.raises(SpecError, match="h100"):
+        k8s.rank_pod_manifests(spec, pool, bad, k8s.Identity())
+    bad = copy.deepcopy(mixed_plan)
+    bad["ranks"][2]["batch"] = 0
+    with pytest.raises(SpecError, match=r"ranks\[2\]\.batch"):
+        k8s.rank_pod_manifests(spec, pool, bad, k8s.Identity())
+
+
+def test_load_plan_accepts_files_results_and_python_literals(tmp_path, mixed_plan):
+    (tmp_path / "result.json").write_text(json.dumps({"plan": mixed_plan, "model": {}}))
+    assert k8s.load_plan(tmp_path / "result.json") == mixed_plan
+    assert k8s.load_plan(str(mixed_plan)) == mixed_plan
+    with pytest.raises(SpecError, match="not found"):
+        k8s.load_plan(str(tmp_path / "missing.json"))
+
+
+def test_storage_problem_without_a_shared_volume(spec_doc):
+    assert k8s.storage_problem(load_spec(spec_doc)) is None
+    spec_doc["kubernetes"].pop("artifact_volume_claim")
+    assert "artifact_volume_claim" in k8s.storage_problem(load_spec(spec_doc))
+    assert k8s.storage_problem(load_spec(dict(spec_doc, artifact_root="s3://bucket/runs"))) is None
+
+
+def test_render_cli_writes_yaml_without_a_cluster(tmp_path, spec_doc, mixed_plan, capsys):
+    (tmp_path / "job.yaml").write_text(yaml.safe_dump(spec_doc))
+    (tmp_path / "plan.json").write_text(json.dumps(mixed_plan))
+    out = tmp_path / "manifests"
+    argv = [
+        "render",
+        "--spec",
+        str(tmp_path / "job.yaml"),
+        "--pool",
+        GPU_POOL,
+        "--plan",
+        str(tmp_path / "plan.json"),
+    ]
+    assert main([*argv, "--out", str(out), "--run-id", RUN_ID]) == 0
+    result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    names = sorted(p.name for p in out.iterdir())
+    assert result["count"] == len(names) == 8
+    assert "rank-2.yaml" in names and "stage-lr-search.yaml" in names
+    pod = yaml.safe_load((out / "rank-1.yaml").read_text())
+    assert pod["metadata"]["annotations"]["hetero.io/run-id"] == RUN_ID
+    kubernetes_validate.validate(pod, K8S_VERSION, strict=True)
+
+
+def test_the_example_rbac_role_allows_every_call_the_operators_make():
+    docs = list(yaml.safe_load_all((Path(GPU_POOL).parent / "rbac.yaml").read_text()))
+    for doc in docs:
+        kubernetes_validate.validate(doc, K8S_VERSION, strict=True)
+    role = next(d for d in docs if d["kind"] == "Role")
+    allowed = {(res, verb) for rule in role["rules"] for res in rule["resources"] for verb in rule["verbs"]}
+    needed = {
+        ("pods", "create"), ("pods", "list"), ("pods", "get"), ("pods", "delete"), ("pods", "patch"),
+        ("pods/log", "get"), ("services", "create"), ("services", "list"), ("services", "delete"),
+        ("events", "list"),
+    }  # fmt: skip
+    assert needed <= allowed, needed - allowed
+    assert not any(res in ("pods/exec", "secrets") for res, _ in allowed)
