@@ -5,7 +5,9 @@ from __future__ import annotations
 import datetime as dt
 import os
 
-from airflow.sdk import dag, task
+from airflow.sdk import DAG
+
+from hetero.operators import PipelineStageOperator
 from hetero.params import job_params
 
 DOC = """
@@ -20,19 +22,12 @@ Trains a model with Horovod across devices of different speeds. Each task runs o
 4. **train**: Horovod ranks with batches proportional to each device's speed, checkpoints;
 5. **analyze**: evaluation on held-out data and an HTML report.
 
-Every parameter is a field of the job spec (see README); the form validates it. With
-`launcher=kubernetes` the stages run as pods and the ranks as a gang of pods.
-Artifacts: `<artifact_root>/<dag_id>/<run_id>/`.
+Every parameter is a field of the job spec (see the README); the trigger form validates it.
+With `launcher=kubernetes` the stages run as pods and the ranks as a gang of pods.
+Artifacts: `<artifact_root>/<dag_id>/<run_id>/`; the report is `analyze/report.html`.
 """
 
-
-def _stage(stage: str, params: dict, **context) -> dict:
-    from hetero.dispatch import run_stage
-
-    return run_stage(stage, params, context)
-
-
-@dag(
+with DAG(
     dag_id="train_pipeline",
     schedule=os.environ.get("HETERO_TRAIN_SCHEDULE") or None,
     start_date=dt.datetime(2026, 1, 1, tzinfo=dt.UTC),
@@ -42,29 +37,13 @@ def _stage(stage: str, params: dict, **context) -> dict:
     params=job_params(),
     default_args={"retries": 2, "retry_delay": dt.timedelta(seconds=30), "retry_exponential_backoff": True},
     tags=["training", "horovod"],
-)
-def train_pipeline():
-    @task
-    def preload(params=None, **context) -> dict:
-        return _stage("preload", params, **context)
-
-    @task
-    def estimate(_preloaded: dict, params=None, **context) -> dict:
-        return _stage("estimate", params, **context)
-
-    @task
-    def lr_search(_plan: dict, params=None, **context) -> dict:
-        return _stage("lr-search", params, **context)
-
-    @task(execution_timeout=dt.timedelta(hours=24))
-    def train(_lr: dict, params=None, **context) -> dict:
-        return _stage("train", params, **context)
-
-    @task
-    def analyze(_trained: dict, params=None, **context) -> dict:
-        return _stage("analyze", params, **context)
-
-    analyze(train(lr_search(estimate(preload()))))
-
-
-train_pipeline()
+):
+    stages = [
+        PipelineStageOperator(task_id="preload", stage="preload"),
+        PipelineStageOperator(task_id="estimate", stage="estimate"),
+        PipelineStageOperator(task_id="lr_search", stage="lr-search"),
+        PipelineStageOperator(task_id="train", stage="train", execution_timeout=dt.timedelta(hours=24)),
+        PipelineStageOperator(task_id="analyze", stage="analyze"),
+    ]
+    for upstream, downstream in zip(stages, stages[1:], strict=False):
+        upstream >> downstream

@@ -46,7 +46,7 @@ rm -rf "$venv"
 "$UV" pip install --quiet --python "$venv/bin/python" --no-deps -e .
 
 if [[ $which_env == trainer ]]; then
-  tf_version=$("$venv/bin/python" -c 'import tensorflow as tf; print(tf.__version__)' 2>/dev/null)
+  tf_version=$(TF_CPP_MIN_LOG_LEVEL=3 "$venv/bin/python" -c "from importlib.metadata import version; print(version('tensorflow-cpu'))")
   py_tag=$("$venv/bin/python" -c 'import sys; print(f"cp{sys.version_info[0]}{sys.version_info[1]}")')
   wheel_dir=$CACHE/wheels/horovod-$HOROVOD_VERSION-tf$tf_version-$py_tag
   if ! ls "$wheel_dir"/horovod-*.whl >/dev/null 2>&1; then
@@ -59,7 +59,7 @@ if [[ $which_env == trainer ]]; then
     mkdir -p "$wheel_dir" && mv "$tmp"/horovod-*.whl "$wheel_dir"/ && rmdir "$tmp"
   fi
   "$UV" pip install --quiet --python "$venv/bin/python" --no-deps "$wheel_dir"/horovod-*.whl
-  check=$("$venv/bin/horovodrun" --check-build)
+  check=$(TF_CPP_MIN_LOG_LEVEL=3 "$venv/bin/horovodrun" --check-build 2>&1)
   echo "$check" | grep -q '\[X\] TensorFlow' || { echo "ERROR: horovod was built without TensorFlow:"; echo "$check"; exit 1; } >&2
   echo "$check" | grep -q '\[X\] Gloo' || { echo "ERROR: horovod was built without Gloo:"; echo "$check"; exit 1; } >&2
   echo "horovod $HOROVOD_VERSION: TensorFlow and Gloo available"

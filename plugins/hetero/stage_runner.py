@@ -42,15 +42,17 @@ def trainer_python() -> str:
     )
 
 
-def stage_context(context) -> StageContext:
-    """The stage's view of an Airflow task context."""
+def stage_context(context, fresh: bool = False) -> StageContext:
+    """The stage's view of an Airflow task context (the same for local runs and pods)."""
     ti = context["ti"]
+    dag_run = context.get("dag_run")
     return StageContext(
         dag_id=ti.dag_id,
-        run_id=ti.run_id,
+        run_id=context.get("run_id") or ti.run_id,
         try_number=int(getattr(ti, "try_number", 1) or 1),
-        data_interval_start=context.get("data_interval_start"),
-        data_interval_end=context.get("data_interval_end"),
+        data_interval_start=context.get("data_interval_start") or getattr(dag_run, "data_interval_start", None),
+        data_interval_end=context.get("data_interval_end") or getattr(dag_run, "data_interval_end", None),
+        fresh=fresh,
     )
 
 
@@ -63,43 +65,59 @@ def stage_command(stage: str, spec: JobSpec, run_dir: RunDir, ctx: StageContext,
     return [python, "-m", "pipelines", stage, "--spec", spec.to_json(), "--run-dir", str(run_dir), *ctx.to_args()]
 
 
-def run_local(stage: str, spec: JobSpec, ctx: StageContext, *, python: str | None = None, cwd: str | None = None) -> dict:
+class LocalStage:
+    """One stage run as a subprocess; :meth:`kill` stops it and everything it started."""
+
+    def __init__(self, stage: str, spec: JobSpec, ctx: StageContext, *, python: str | None = None, cwd: str | None = None):
+        self.stage, self.spec, self.ctx = stage, spec, ctx
+        self.python, self.cwd = python, cwd
+        self.proc: subprocess.Popen | None = None
+
+    def run(self) -> dict:
+        """Run the stage in the trainer environment and return its JSON result."""
+        run_dir = run_dir_for(self.spec, self.ctx)
+        cmd = stage_command(self.stage, self.spec, run_dir, self.ctx, self.python or trainer_python())
+        log.info("running stage %s in %s", self.stage, run_dir)
+        env = dict(os.environ)
+        env.setdefault("PYTHONUNBUFFERED", "1")
+        env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+        self.proc = proc = subprocess.Popen(
+            cmd,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            env=env,
+            cwd=self.cwd or str(PROJECT_ROOT),
+            start_new_session=True,  # its own process group: kill() reaches the ranks too
+        )
+        tail: collections.deque[str] = collections.deque(maxlen=40)
+        errors: list[str] = []
+        try:
+            for raw in iter(proc.stdout.readline, b""):
+                line = raw.decode(errors="replace").rstrip("\n")
+                tail.append(line)
+                if line.startswith("ERROR:") or errors:
+                    errors.append(line)
+                log.info("%s", line)
+            code = proc.wait()
+        finally:
+            # Killed task, timeout or any exception: stop the stage and everything it started.
+            self.kill()
+        if code != 0:
+            detail = "\n".join(errors or list(tail)[-15:])
+            raise StageFailed(f"stage {self.stage!r} failed with exit code {code}:\n{detail}")
+        for line in reversed(tail):
+            if line.startswith("{"):
+                return json.loads(line)
+        raise StageFailed(f"stage {self.stage!r} printed no JSON result; last lines:\n" + "\n".join(tail))
+
+    def kill(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            _kill_group(self.proc)
+
+
+def run_local(stage: str, spec: JobSpec, ctx: StageContext, **kwargs) -> dict:
     """Run one stage in the trainer environment and return its JSON result."""
-    run_dir = run_dir_for(spec, ctx)
-    cmd = stage_command(stage, spec, run_dir, ctx, python or trainer_python())
-    log.info("running stage %s in %s", stage, run_dir)
-    env = dict(os.environ)
-    env.setdefault("PYTHONUNBUFFERED", "1")
-    env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    proc = subprocess.Popen(
-        cmd,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        env=env,
-        cwd=cwd or str(PROJECT_ROOT),
-        start_new_session=True,
-    )
-    tail: collections.deque[str] = collections.deque(maxlen=40)
-    errors: list[str] = []
-    try:
-        for raw in iter(proc.stdout.readline, b""):
-            line = raw.decode(errors="replace").rstrip("\n")
-            tail.append(line)
-            if line.startswith("ERROR:") or errors:
-                errors.append(line)
-            log.info("%s", line)
-        code = proc.wait()
-    finally:
-        # Killed task, timeout or any exception: stop the stage and everything it started.
-        if proc.poll() is None:
-            _kill_group(proc)
-    if code != 0:
-        detail = "\n".join(errors or list(tail)[-15:])
-        raise StageFailed(f"stage {stage!r} failed with exit code {code}:\n{detail}")
-    for line in reversed(tail):
-        if line.startswith("{"):
-            return json.loads(line)
-    raise StageFailed(f"stage {stage!r} printed no JSON result; last lines:\n" + "\n".join(tail))
+    return LocalStage(stage, spec, ctx, **kwargs).run()
 
 
 def _kill_group(proc: subprocess.Popen, grace_s: float = 10.0) -> None:

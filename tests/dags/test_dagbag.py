@@ -61,6 +61,7 @@ def test_main_dag_structure():
 def test_params_validate_like_the_spec():
     from airflow.sdk import ParamsDict
     from airflow.sdk.exceptions import ParamValidationError
+
     from hetero.params import job_params
 
     params = ParamsDict(job_params())

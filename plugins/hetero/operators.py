@@ -1,0 +1,48 @@
+"""``PipelineStageOperator``: one pipeline stage as an Airflow task, on the job's launcher.
+
+With ``launcher=local`` the stage runs as a subprocess in the trainer environment (the train
+stage starts its ranks with the local Horovod launcher).  With ``launcher=kubernetes`` the stage
+runs as one pod (``StagePodOperator``) and the train stage as a gang of rank pods
+(``HorovodJobOperator``).  Either way the task returns the stage's small JSON result as XCom,
+and killing the task stops everything the stage started.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from airflow.sdk import BaseOperator
+
+from hetero.stage_runner import LocalStage, stage_context, validate_params
+
+
+class PipelineStageOperator(BaseOperator):
+    """Run ``stage`` (preload, estimate, lr-search, train, analyze) with the run's params as job spec."""
+
+    ui_color = "#e8f2e0"
+
+    def __init__(self, *, stage: str, plan_task_id: str = "estimate", **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.stage = stage
+        self.plan_task_id = plan_task_id
+        self._delegate: Any = None
+
+    def execute(self, context) -> dict:
+        spec = validate_params(context["params"])
+        if spec.launcher == "local":
+            self._delegate = LocalStage(self.stage, spec, stage_context(context))
+            return self._delegate.run()
+        if self.stage == "train":
+            from hetero.kubernetes_job import HorovodJobOperator
+
+            estimate = context["ti"].xcom_pull(task_ids=self.plan_task_id) or {}
+            self._delegate = HorovodJobOperator(task_id=self.task_id, spec_json=spec.to_json(), plan=estimate.get("plan"))
+        else:
+            from hetero.kubernetes_stage import StagePodOperator
+
+            self._delegate = StagePodOperator(task_id=self.task_id, stage=self.stage, spec_json=spec.to_json())
+        return self._delegate.execute(context)
+
+    def on_kill(self) -> None:
+        if self._delegate is not None:
+            self._delegate.on_kill()
