@@ -32,7 +32,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--epochs", type=int, default=None, help="override spec.training.epochs (default: spec)")
     p.add_argument("--global-batch", type=int, default=None, help="override the plan's global batch")
     p.add_argument("--window", type=int, default=10, help="steps per measurement window (default: %(default)s)")
-    p.add_argument("--probe-steps", type=int, default=3, help="timed calibration steps per rank (default: %(default)s)")
+    p.add_argument("--probe-steps", type=int, default=3, help="least timed calibration steps per rank (default: %(default)s)")
+    p.add_argument("--probe-seconds", type=float, default=1.0, help="least calibration time per rank (default: %(default)s)")
     p.add_argument("--no-balance", action="store_true", help="equal batches, no calibration or re-balancing")
     p.add_argument("--max-steps", type=int, default=None, help="stop after this many steps (benchmarks)")
     p.add_argument("--out", default=None, help="train output folder (default: <run-dir>/train)")
@@ -124,7 +125,6 @@ class Trainer:
             self.optimizer = tf.keras.optimizers.Adam(learning_rate=self.base_lr)
         else:
             self.optimizer = tf.keras.optimizers.SGD(learning_rate=self.base_lr, momentum=0.9)
-        self.loss_fn = tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True)
         self.global_step = tf.Variable(0, dtype=tf.int64, trainable=False, name="global_step")
         self.epoch_var = tf.Variable(0, dtype=tf.int64, trainable=False, name="epoch")
         self.pos_var = tf.Variable(0, dtype=tf.int64, trainable=False, name="rows_done_in_epoch")
@@ -166,36 +166,47 @@ class Trainer:
 
     def _build_functions(self) -> None:
         tf, hvd = self.tf, self.hvd
-        model, loss_fn, optimizer = self.model, self.loss_fn, self.optimizer
-        mean, std = self.mean, self.std
+        model, optimizer = self.model, self.optimizer
+        mean, std, size = self.mean, self.std, float(self.size)
+        # Summed (not averaged) loss: rank i's weighted loss N * sum_i / B equals N * b_i / B times
+        # its mean loss, and stays defined when a rank's slice of a short last step is empty.
+        loss_fn = tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction="sum")
         spec_x = tf.TensorSpec(shape=(None, *self.shape), dtype=tf.float32)
         spec_y = tf.TensorSpec(shape=(None,), dtype=tf.int32)
         scalar = tf.TensorSpec(shape=(), dtype=tf.float32)
 
-        @tf.function(input_signature=[spec_x, spec_y, scalar], reduce_retracing=True)
-        def compute(x, y, weight):
-            # Local forward and backward only (timed apart from the allreduce).
+        def forward_backward(x, y, step_batch):
             with tf.GradientTape() as tape:
                 logits = model((x - mean) / std, training=True)
-                loss = loss_fn(y, logits)
-                weighted = loss * weight  # N * b_i / B: the average over ranks is the global mean
+                weighted = loss_fn(y, logits) * (size / step_batch)  # N * b_i / B * mean loss of rank i
             grads = tape.gradient(weighted, model.trainable_variables)
             correct = tf.reduce_sum(tf.cast(tf.equal(tf.argmax(logits, -1, output_type=tf.int32), y), tf.float32))
-            return grads, weighted, correct
+            return grads, tf.stack([weighted, correct * size / step_batch])
 
-        @tf.function(reduce_retracing=True)
-        def zero_grads():
-            return [tf.zeros_like(v) for v in model.trainable_variables]
+        @tf.function(input_signature=[spec_x, spec_y, scalar], reduce_retracing=True)
+        def compute(x, y, step_batch):
+            """Forward and backward only (calibration)."""
+            return forward_backward(x, y, step_batch)[1]
 
-        @tf.function(reduce_retracing=True)
-        def reduce_and_apply(grads, stats, lr):
-            # One fused allreduce of every gradient plus the loss/accuracy figures.
-            reduced = hvd.grouped_allreduce(list(grads) + [stats], op=hvd.Average)
+        @tf.function(input_signature=[spec_x, spec_y, scalar, scalar], reduce_retracing=True)
+        def train_step(x, y, step_batch, lr):
+            """One synchronous step in one graph call; in-graph clocks split compute from allreduce."""
+            t0 = tf.timestamp()
+            with tf.control_dependencies([t0]):
+                x = tf.identity(x)
+            grads, stats = forward_backward(x, y, step_batch)
+            with tf.control_dependencies(grads + [stats]):
+                t1 = tf.timestamp()
+            with tf.control_dependencies([t1]):
+                # One fused allreduce of every gradient plus the loss and accuracy figures.
+                reduced = hvd.grouped_allreduce(grads + [stats], op=hvd.Average)
             optimizer.learning_rate.assign(lr)
-            optimizer.apply_gradients(zip(reduced[:-1], model.trainable_variables))
-            return reduced[-1]
+            applied = optimizer.apply_gradients(zip(reduced[:-1], model.trainable_variables))
+            with tf.control_dependencies(reduced + [applied]):  # after the allreduce has delivered
+                t2 = tf.timestamp()
+            return reduced[-1], t1 - t0, t2 - t1
 
-        self._compute, self._zero_grads, self._reduce_and_apply = compute, zero_grads, reduce_and_apply
+        self._compute, self._train_step = compute, train_step
 
     # ---------------------------------------------------------------------------- training
 
@@ -206,11 +217,14 @@ class Trainer:
         idx = np.arange(b) % len(self.y)
         x = tf.constant(self.x[idx].reshape((-1, *self.shape)))
         y = tf.constant(self.y[idx])
-        self._compute(x, y, tf.constant(0.0))  # warm-up: trace and allocate
-        t0 = time.perf_counter()
-        for _ in range(self.args.probe_steps):
-            self._compute(x, y, tf.constant(0.0))
-        rate = b * self.args.probe_steps / (time.perf_counter() - t0)
+        batch = tf.constant(float(b))
+        self._compute(x, y, batch).numpy()  # warm-up: trace and allocate
+        # Time several CPU-quota periods (100 ms each), not a burst that fits inside one.
+        steps, t0 = 0, time.perf_counter()
+        while steps < self.args.probe_steps or time.perf_counter() - t0 < self.args.probe_seconds:
+            self._compute(x, y, batch).numpy()
+            steps += 1
+        rate = b * steps / (time.perf_counter() - t0)
         return self.gather([rate])[:, 0].tolist()
 
     def gather(self, values: list[float]):
@@ -220,7 +234,7 @@ class Trainer:
 
     def fit(self) -> dict:
         from pipelines.data.reader import InputTimer, epoch_permutation, prefetched, rank_batches
-        from pipelines.train.balance import allocate, drifted, epoch_steps, loss_weights, warmup_lr
+        from pipelines.train.balance import allocate, drifted, epoch_steps, warmup_lr
 
         tf, hvd, np = self.tf, self.hvd, self.np
         t = self.spec.training
@@ -268,18 +282,9 @@ class Trainer:
                 seg_t0 = time.perf_counter()
                 for i, (x, y) in enumerate(prefetched(rank_batches(self.x, self.y, order, mine, self.shape), self.shape, timer)):
                     sizes = [sl.size for sl in plan_steps[i]]
-                    w = loss_weights(sizes)[self.rank]
-                    t0 = time.perf_counter()
-                    if sizes[self.rank] > 0:
-                        grads, wloss, correct = self._compute(x, y, tf.constant(w, tf.float32))
-                        correct = float(correct)
-                    else:  # an empty slice in the epoch's last, short step
-                        grads, wloss, correct = self._zero_grads(), tf.constant(0.0), 0.0
-                    t1 = time.perf_counter()
                     lr = warmup_lr(step, self.base_lr, warmup_steps)
-                    stats = tf.stack([wloss, tf.constant(correct * self.size / sum(sizes), tf.float32)])
-                    reduced = self._reduce_and_apply(grads, stats, tf.constant(lr, tf.float32)).numpy()
-                    t2 = time.perf_counter()
+                    stats, compute_s, wait_s = self._train_step(x, y, tf.constant(float(sum(sizes))), tf.constant(lr, tf.float32))
+                    reduced = stats.numpy()
                     if not math.isfinite(float(reduced[0])):
                         # Every rank sees the same reduced loss, so all stop at the same step.
                         raise TrainingError(
@@ -287,8 +292,8 @@ class Trainer:
                             f"last good checkpoint: {self.manager.latest_checkpoint}"
                         )
                     last_stats = [float(reduced[0]), float(reduced[1])]
-                    per_rank["compute_s"] += t1 - t0
-                    per_rank["wait_s"] += t2 - t1
+                    per_rank["compute_s"] += float(compute_s)
+                    per_rank["wait_s"] += float(wait_s)
                     per_rank["samples"] += sizes[self.rank]
                     step += 1
                     pos += sum(sizes)
