@@ -10,8 +10,8 @@ x = log10(lr) twice:
 * a logarithmic fit ``loss = a + b·log10(lr)`` over the descending part, reported for comparison
   (its slope says how strongly the loss responds to the learning rate).
 
-The suggested rate is the steepest descent of the polynomial, clipped to at most the min-loss rate
-divided by 3 (a safety margin: the minimum of a range test sits close to divergence).
+The suggested rate is the min-loss rate divided by 3 (a safety margin: the minimum of a range test
+sits close to divergence), and never below the steepest descent of the polynomial.
 """
 
 from __future__ import annotations
@@ -173,8 +173,10 @@ def suggest(
         lo_x, hi_x = float(grid[start]), float(grid[i_min])
         slope = np.polyval(np.polyder(coef), grid[start : i_min + 1])
         steep_x = float(grid[start + int(np.argmin(slope))])
-        value = min(10**steep_x, 10**hi_x / SAFETY_DIVISOR)
-        method = f"steepest descent of poly{degree} fit, <= min-loss lr/{SAFETY_DIVISOR:g}"
+        # Training runs at a constant rate after warm-up, so take the top of the safe range (the
+        # min-loss rate over the safety divisor), never below the steepest descent.
+        value = max(10**steep_x, 10**hi_x / SAFETY_DIVISOR)
+        method = f"min-loss lr/{SAFETY_DIVISOR:g} of poly{degree} fit, >= steepest descent"
     value = max(value, float(lr[0]))
 
     # Logarithmic fit over the descending part (or the whole curve when it never descends).

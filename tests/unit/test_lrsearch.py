@@ -45,14 +45,15 @@ def test_find_divergence():
     assert find_divergence([2.0, 1.0, float("inf")]) == 2
 
 
-def test_suggest_u_shaped_curve_picks_the_steep_part():
+def test_suggest_u_shaped_curve_picks_the_top_of_the_safe_range():
     lrs, loss = u_shaped()
     out = suggest(lrs, loss)
     lo, hi = out["lr_range"]
     assert 1e-5 < lo < out["learning_rate"] < hi
-    assert 1e-3 <= out["learning_rate"] <= 1e-2  # steepest true descent is at 10^-2.5
     assert 0.01 <= hi <= 0.2  # true minimum between 10^-1.5 and 10^-1
-    assert out["learning_rate"] <= hi / 3 + 1e-12
+    assert 1e-3 <= out["steepest_lr"] <= 1e-2  # steepest true descent is at 10^-2.5
+    # a third of the min-loss rate, never below the steepest descent
+    assert out["learning_rate"] == pytest.approx(max(out["steepest_lr"], hi / 3))
     assert 3 <= out["poly"]["degree"] <= 5
     assert out["poly"]["rmse"] < 0.1 and out["log_fit"]["rmse"] > 0
     assert out["log_fit"]["b"] < 0  # loss falls as the rate grows over the range
@@ -85,8 +86,8 @@ def test_suggest_ignores_a_collapse_to_chance_level_before_divergence():
     loss = loss + np.random.default_rng(2).normal(0, 0.03, 83)
     loss[-2:] = [41.0, 1136.0]
     out = suggest(lrs, loss)
-    assert out["method"].startswith("steepest descent")
-    assert 1e-3 <= out["learning_rate"] <= 3e-2
+    assert out["method"].startswith("min-loss lr/3")
+    assert 1e-3 <= out["learning_rate"] <= 4e-2
     assert out["lr_range"][1] <= 0.1
 
 
