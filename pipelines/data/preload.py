@@ -12,7 +12,7 @@ entry and a changed source file misses it.  An entry is built in a temporary fol
 into place: a crash never leaves a half entry, and two runs never write the same folder.
 
 Memory stays bounded: ``workers`` threads each decode and check one row group at a time, batch by
-batch, and hand at most ``queue_depth`` converted batches to the writer (see docs/README-data.md).
+batch, and hand at most ``queue_depth`` converted batches to the writer (see "Bounded memory" in README.md).
 """
 
 from __future__ import annotations

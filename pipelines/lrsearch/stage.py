@@ -81,11 +81,16 @@ def run(spec: JobSpec, run_dir: RunDir, ctx: StageContext) -> dict:
     global_batch, estimate_key = _planned_batch(spec, run_dir)
     fixed = spec.training.learning_rate
     if fixed != "auto":
-        key = input_key("lr_search/1", "fixed", fixed, global_batch)
+        from pipelines.train.balance import scaled_learning_rate
+
+        # The given rate applies at reference_batch; report the rate the trainer will use at B.
+        at = global_batch or spec.training.reference_batch
+        rate = scaled_learning_rate(float(fixed), spec.training.reference_batch, at)
+        key = input_key("lr_search/1", "fixed", fixed, spec.training.reference_batch, global_batch)
         return {
-            "learning_rate": float(fixed),
-            "lr_range": [float(fixed), float(fixed)],
-            "global_batch": global_batch,
+            "learning_rate": rate,
+            "lr_range": [rate, rate],
+            "global_batch": at,
             "steps": 0,
             "curve": {"lr": [], "loss": [], "smoothed": []},
             "diverged_at": None,

@@ -434,6 +434,6 @@ def test_larger_than_the_bound_dataset_preloads_in_bounded_memory(tmp_path):
     m = json.loads(proc.stdout.strip().splitlines()[-1])
     assert m["rows"] == rows
     grew = m["peak_mb"] - m["base_mb"]
-    # the bound stated in docs/README-data.md: base + 40 MB + 12 x workers x batch
+    # the bound stated in README.md ("Bounded memory"): base + 40 MB + 12 x workers x batch
     assert grew < 40 + 12 * workers * batch_mb, m
     assert grew < dataset_mb / 3, m

@@ -1,0 +1,152 @@
+"""Benchmark: balanced vs equal batches on a fast and a slow device, and 2-rank scaling.
+
+Run in the trainer environment::
+
+    .venv-trainer/bin/python bench/hetero.py [--global-batch 512] [--steps 60]
+
+Every configuration runs the real trainer as real Horovod ranks through the local launcher, side
+by side in one run: a fast device (core 1, 100%) and a slow one (core 0, 40% CPU quota through
+cgroups).  Throughput is samples per second over the steady-state windows (the first windows,
+with graph tracing and calibration, are left out).  Ends with one JSON line:
+``{"balanced_vs_equal", "balanced_vs_ideal", "scaling_efficiency", "speed_ratio", ...}``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import os
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from pipelines.launch.local import Profile, launch  # noqa: E402
+
+
+def prepare(work: Path, rows: int, seed: int) -> Path:
+    """A run directory with the sample task preloaded by the real preload stage."""
+    from pipelines.data.preload import preload
+    from pipelines.data.sample import generate
+    from pipelines.rundir import write_json
+    from pipelines.spec import DatasetSpec
+
+    data = work / "data"
+    generate(str(data), rows_per_day=rows, days=1, seed=seed)
+    run = work / "run"
+    result = preload(DatasetSpec(uri=str(data), holdout_fraction=0.05), run / "preload", seed=seed)
+    write_json(run / "preload" / "result.json", result)
+    return run
+
+
+def write_spec(run: Path, global_batch: int, epochs: int) -> Path:
+    spec = {
+        "dataset": {"uri": str(run.parent / "data")},
+        "training": {"epochs": epochs, "global_batch": global_batch, "learning_rate": 0.02,
+                     "reference_batch": global_batch, "warmup_epochs": 0, "seed": 1},
+        "artifact_root": str(run.parent),
+    }
+    path = run / "spec.json"
+    path.write_text(json.dumps(spec))
+    return path
+
+
+def measure(run: Path, name: str, profiles: list[Profile], batches: list[int] | None, args) -> dict:
+    """Train ``args.warmup + args.steps`` steps; samples/s over the steps after the warm-up."""
+    out = run / f"out-{name}"
+    shutil.rmtree(out, ignore_errors=True)
+    extra = ["--out", str(out), "--window", str(args.window), "--max-steps", str(args.warmup + args.steps),
+             "--global-batch", str(sum(batches) if batches else args.global_batch)]
+    if batches is not None:
+        plan = {"global_batch": sum(batches), "ranks": [{"rank": i, "device": p.device, "batch": b}
+                                                        for i, (p, b) in enumerate(zip(profiles, batches, strict=True))]}
+        (out).mkdir(parents=True)
+        (out / "plan.json").write_text(json.dumps(plan))
+        extra += ["--plan", str(out / "plan.json"), "--no-balance"]
+    cmd = [sys.executable, "-m", "pipelines.train.trainer", "--spec", str(run / "spec.json"), "--run-dir", str(run), *extra]
+    log = io.StringIO()
+    result = launch(cmd, profiles, job=f"bench-{name}", timeout_s=900, output=log)
+    if result.returncode != 0:
+        raise SystemExit(f"{name} failed: {result.message}\n{log.getvalue()[-3000:]}")
+    summary = json.loads((out / "summary.json").read_text())
+    steady = [h for h in summary["history"] if h["step"] > args.warmup]
+    samples = sum(sum(h["samples"]) for h in steady)
+    seconds = sum(h["seconds"] for h in steady)
+    compute = [sum(h["compute_s"][i] for h in steady) for i in range(len(profiles))]
+    wait = [sum(h["wait_s"][i] for h in steady) for i in range(len(profiles))]
+    inp = [sum(h["input_s"][i] for h in steady) for i in range(len(profiles))]
+    return {
+        "samples_per_sec": samples / seconds,
+        "batches": steady[-1]["batches"] if steady else None,
+        "steps": sum(1 for _ in steady) and steady[-1]["step"] - args.warmup,
+        "compute_frac": [c / seconds for c in compute],
+        "wait_frac": [w / seconds for w in wait],
+        "input_frac": [i / seconds for i in inp],
+        "quota_enforced": result.quota_enforced,
+    }
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--global-batch", type=int, default=512, help="global batch B (default: %(default)s)")
+    p.add_argument("--steps", type=int, default=60, help="measured steps per configuration (default: %(default)s)")
+    p.add_argument("--warmup", type=int, default=10, help="steps left out at the start (default: %(default)s)")
+    p.add_argument("--window", type=int, default=5, help="steps per measurement window (default: %(default)s)")
+    p.add_argument("--rows", type=int, default=8000, help="training rows (default: %(default)s)")
+    p.add_argument("--slow-share", type=float, default=0.4, help="CPU quota of the slow device (default: %(default)s)")
+    p.add_argument("--keep", action="store_true", help="keep the work folder")
+    args = p.parse_args()
+
+    fast = Profile("fast", (1,), 1.0)
+    slow = Profile("slow", (0,), args.slow_share)
+    other_full = Profile("full0", (0,), 1.0)
+    work = Path(tempfile.mkdtemp(prefix="bench-hetero-"))
+    try:
+        run = prepare(work, args.rows, seed=0)
+        steps_needed = args.warmup + args.steps
+        epochs = max(1, -(-steps_needed * args.global_batch // int(args.rows * 0.95)))
+        write_spec(run, args.global_batch, epochs)
+        B = args.global_batch
+        half = [B // 2, B - B // 2]
+        r = {}
+        r["balanced"] = measure(run, "balanced", [fast, slow], None, args)
+        b_fast, b_slow = r["balanced"]["batches"]
+        r["equal"] = measure(run, "equal", [fast, slow], half, args)
+        r["fast_alone"] = measure(run, "fast_alone", [fast], [b_fast], args)
+        r["slow_alone"] = measure(run, "slow_alone", [slow], [b_slow], args)
+        r["one_full"] = measure(run, "one_full", [fast], [half[0]], args)
+        r["two_full"] = measure(run, "two_full", [fast, other_full], half, args)
+        ideal = r["fast_alone"]["samples_per_sec"] + r["slow_alone"]["samples_per_sec"]
+        figures = {
+            "balanced_vs_equal": r["balanced"]["samples_per_sec"] / r["equal"]["samples_per_sec"],
+            "balanced_vs_ideal": r["balanced"]["samples_per_sec"] / ideal,
+            # weak scaling: two full-core ranks at B/2 each against one at B/2
+            "scaling_efficiency": r["two_full"]["samples_per_sec"] / (2 * r["one_full"]["samples_per_sec"]),
+            # slow / fast standalone throughput (each at its balanced local batch)
+            "speed_ratio": r["slow_alone"]["samples_per_sec"] / r["fast_alone"]["samples_per_sec"],
+        }
+        for name, res in r.items():
+            print(f"{name:11s} {res['samples_per_sec']:9.1f} samples/s  batches {res['batches']}  "
+                  f"compute {[round(x, 2) for x in res['compute_frac']]}  wait {[round(x, 2) for x in res['wait_frac']]}  "
+                  f"input {[round(x, 3) for x in res['input_frac']]}", file=sys.stderr)
+        line = {k: round(v, 3) for k, v in figures.items()}
+        line.update({
+            "global_batch": B,
+            "balanced_batches": [b_fast, b_slow],
+            "samples_per_sec": {k: round(v["samples_per_sec"], 1) for k, v in r.items()},
+            "quota_enforced": all(v["quota_enforced"] for v in r.values()),
+            "cpu_count": os.cpu_count(),
+        })
+        print(json.dumps(line))
+    finally:
+        if not args.keep:
+            shutil.rmtree(work, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
