@@ -42,6 +42,7 @@ from pipelines.launch.rendezvous import (
     ENV_BATCH,
     ENV_DEVICE,
     ENV_HOST_RENDEZVOUS,
+    ENV_SHARE,
     ENV_THREADS,
     RENDEZVOUS_PORT,
     gloo_env,
@@ -165,14 +166,18 @@ class Identity:
 # ------------------------------------------------------------------------------ small pieces
 
 
-def cpu_threads(resources: dict[str, str]) -> int:
-    """Whole CPU cores in a resources map (``"400m"`` -> 1, ``"8"`` -> 8), at least 1."""
+def cpu_cores(resources: dict[str, str]) -> float:
+    """CPU cores in a resources map (``"400m"`` -> 0.4, ``"8"`` -> 8.0)."""
     cpu = str(resources.get("cpu", "1")).strip()
     try:
-        cores = float(cpu[:-1]) / 1000 if cpu.endswith("m") else float(cpu)
+        return float(cpu[:-1]) / 1000 if cpu.endswith("m") else float(cpu)
     except ValueError:
         raise SpecError(f"pool: kubernetes.resources.cpu {cpu!r} is not a CPU quantity") from None
-    return max(1, math.floor(cores))
+
+
+def cpu_threads(resources: dict[str, str]) -> int:
+    """Whole CPU cores in a resources map (``"400m"`` -> 1, ``"8"`` -> 8), at least 1."""
+    return max(1, math.floor(cpu_cores(resources)))
 
 
 def pod_security_context() -> dict[str, Any]:
@@ -436,6 +441,7 @@ def rank_pod_manifests(
             **gloo_env(addr=addr, port=RENDEZVOUS_PORT, iface="eth0"),
             ENV_DEVICE: device.name,
             ENV_BATCH: str(r["batch"]),
+            ENV_SHARE: str(cpu_cores(device.kubernetes.resources)),  # the CPU limit the trainer measures against
         }
         if slot.rank == 0:
             env[ENV_HOST_RENDEZVOUS] = "1"

@@ -28,7 +28,14 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from pipelines.launch.cgroups import CpuLimiter, threads_for
-from pipelines.launch.rendezvous import ENV_DEVICE, ENV_THREADS, gloo_env, local_slots, start_rendezvous
+from pipelines.launch.rendezvous import (
+    ENV_DEVICE,
+    ENV_SHARE,
+    ENV_THREADS,
+    gloo_env,
+    local_slots,
+    start_rendezvous,
+)
 
 log = logging.getLogger("pipelines.launch")
 
@@ -79,6 +86,7 @@ def rank_env(rank: int, size: int, port: int, profile: Profile, base: dict[str, 
     env.update(gloo_env("127.0.0.1", port, "lo"))
     env[ENV_DEVICE] = profile.device
     if profile.cpu_share is not None:
+        env[ENV_SHARE] = str(profile.cpu_share)
         threads = threads_for(profile.cpu_share, list(profile.cpus))
         env[ENV_THREADS] = str(threads)
         env["OMP_NUM_THREADS"] = str(threads)
@@ -187,9 +195,9 @@ def _wait(procs, stop: threading.Event, timeout_s: float | None, started: float)
         if all(c == 0 for c in codes):
             return None, 0, "all ranks finished"
         if stop.is_set():
-            return -1, 143, "launcher was told to stop; stopped every rank"
+            return None, 143, "launcher was told to stop; stopped every rank"
         if timeout_s is not None and time.time() - started > timeout_s:
-            return -1, 124, f"job exceeded its {timeout_s:.0f}s time limit; stopped every rank"
+            return None, 124, f"job exceeded its {timeout_s:.0f}s time limit; stopped every rank"
         time.sleep(0.1)
 
 

@@ -19,6 +19,7 @@ RENDEZVOUS_PORT = 29400  # fixed port used on Kubernetes; the local launcher pic
 ENV_DEVICE = "HETERO_DEVICE_TYPE"  # device type name from the pool
 ENV_BATCH = "HETERO_LOCAL_BATCH"  # this rank's planned local batch
 ENV_THREADS = "HETERO_CPU_THREADS"  # threads TensorFlow may use (matches the CPU quota)
+ENV_SHARE = "HETERO_CPU_SHARE"  # the rank's CPU quota in cores (a pod's CPU limit), if it has one
 ENV_HOST_RENDEZVOUS = "HETERO_HOST_RENDEZVOUS"  # "1": this rank starts the rendezvous server
 
 

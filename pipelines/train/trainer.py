@@ -88,6 +88,8 @@ class Trainer:
 
         self.args, self.hvd, self.tf, self.np = args, hvd, tf, np
         self.rank, self.size = hvd.rank(), hvd.size()
+        # The rank's CPU quota in cores (local cgroup or pod CPU limit); 0 when it has none.
+        self.cpu_share = float(os.environ.get("HETERO_CPU_SHARE", "0") or 0)
         self.spec = load_spec(args.spec)
         self.run_dir = RunDir(args.run_dir)
         self.out = Path(args.out) if args.out else self.run_dir.root / "train"
@@ -220,12 +222,24 @@ class Trainer:
         batch = tf.constant(float(b))
         self._compute(x, y, batch).numpy()  # warm-up: trace and allocate
         # Time several CPU-quota periods (100 ms each), not a burst that fits inside one.
-        steps, t0 = 0, time.perf_counter()
+        steps, t0, c0 = 0, time.perf_counter(), time.process_time()
         while steps < self.args.probe_steps or time.perf_counter() - t0 < self.args.probe_seconds:
             self._compute(x, y, batch).numpy()
             steps += 1
-        rate = b * steps / (time.perf_counter() - t0)
+        rate = self.sustained_rate(b * steps, time.perf_counter() - t0, time.process_time() - c0)
         return self.gather([rate])[:, 0].tolist()
+
+    def sustained_rate(self, samples: float, busy_s: float, cpu_s: float) -> float:
+        """Samples per second this rank can keep up.
+
+        Under a CPU quota a short burst runs at full speed and the throttling lands later (often
+        while the rank waits in the allreduce), so wall time alone overstates a quota-limited
+        rank's speed; the CPU seconds it spent, spread over its quota, do not.
+        """
+        needed = busy_s
+        if self.cpu_share > 0:
+            needed = max(busy_s, cpu_s / self.cpu_share)
+        return samples / max(needed, 1e-9)
 
     def gather(self, values: list[float]):
         """All ranks' figures as an array [size, len(values)] (same on every rank)."""
@@ -236,7 +250,7 @@ class Trainer:
         from pipelines.data.reader import InputTimer, epoch_permutation, prefetched, rank_batches
         from pipelines.train.balance import allocate, drifted, epoch_steps, warmup_lr
 
-        tf, hvd, np = self.tf, self.hvd, self.np
+        tf, hvd = self.tf, self.hvd
         t = self.spec.training
         started = time.time()
         resumed_from = 0
@@ -263,7 +277,7 @@ class Trainer:
         steps_per_epoch = len(epoch_steps(n, self.batches))
         warmup_steps = int(round(t.warmup_epochs * steps_per_epoch))
         window = max(1, t.rebalance_every_steps or self.args.window)
-        per_rank: dict[str, float] = {"compute_s": 0.0, "wait_s": 0.0, "input_s": 0.0, "samples": 0.0}
+        per_rank: dict[str, float] = {"compute_s": 0.0, "wait_s": 0.0, "input_s": 0.0, "samples": 0.0, "cpu_s": 0.0}
         totals = {"compute_s": 0.0, "wait_s": 0.0, "input_s": 0.0, "samples": 0.0, "step_s": 0.0}
         last_stats = [float("nan"), float("nan")]
         history: list[dict] = []
@@ -279,7 +293,7 @@ class Trainer:
                 # A segment: up to `window` steps with the current batches over the rows left.
                 plan_steps = epoch_steps(n - pos, self.batches)[:window]
                 mine = [type(s[self.rank])(s[self.rank].start + pos, s[self.rank].stop + pos) for s in plan_steps]
-                seg_t0 = time.perf_counter()
+                seg_t0, cpu_t0 = time.perf_counter(), time.process_time()
                 for i, (x, y) in enumerate(prefetched(rank_batches(self.x, self.y, order, mine, self.shape), self.shape, timer)):
                     sizes = [sl.size for sl in plan_steps[i]]
                     lr = warmup_lr(step, self.base_lr, warmup_steps)
@@ -289,7 +303,7 @@ class Trainer:
                         # Every rank sees the same reduced loss, so all stop at the same step.
                         raise TrainingError(
                             f"loss is {reduced[0]} at step {step} (epoch {epoch}); stopping every rank, "
-                            f"last good checkpoint: {self.manager.latest_checkpoint}"
+                            f"last good checkpoint: {self._discard_checkpoints_from(step)}"
                         )
                     last_stats = [float(reduced[0]), float(reduced[1])]
                     per_rank["compute_s"] += float(compute_s)
@@ -306,9 +320,11 @@ class Trainer:
                         self.epoch_var.assign(epoch)
                         self.manager.save(checkpoint_number=step)
                 seg_s = time.perf_counter() - seg_t0
+                per_rank["cpu_s"] = time.process_time() - cpu_t0
                 per_rank["input_s"] = timer.take()
                 # Share the window's figures; every rank gets the same array.
-                figs = self.gather([per_rank["compute_s"], per_rank["wait_s"], per_rank["input_s"], per_rank["samples"], seg_s])
+                rate = self.sustained_rate(per_rank["samples"], per_rank["compute_s"], per_rank["cpu_s"])
+                figs = self.gather([per_rank["compute_s"], per_rank["wait_s"], per_rank["input_s"], per_rank["samples"], seg_s, rate])
                 for k, col in (("compute_s", 0), ("wait_s", 1), ("input_s", 2), ("samples", 3)):
                     totals[k] += float(figs[self.rank, col])
                 totals["step_s"] += seg_s
@@ -319,7 +335,7 @@ class Trainer:
                 per_rank = dict.fromkeys(per_rank, 0.0)
                 # Re-balance at this boundary if measured speeds drifted (B stays fixed).
                 if not self.args.no_balance and (t.rebalance_every_steps or pos >= n):
-                    rates = (figs[:, 3] / np.maximum(figs[:, 0], 1e-9)).tolist()
+                    rates = figs[:, 5].tolist()
                     if drifted(self.batches, rates, t.rebalance_threshold):
                         new = allocate(rates, self.global_batch, self.caps)
                         if new != self.batches:
@@ -353,6 +369,28 @@ class Trainer:
             log.info("training done in %.1fs: %s", train_s, {k: summary[k] for k in ("samples_per_sec", "final_loss")})
         return summary
 
+    def _discard_checkpoints_from(self, step: int) -> str | None:
+        """After a non-finite loss at ``step``: the checkpoint of ``step`` holds the weights that
+        produced it, so rank 0 deletes it (and any later one); returns the newest one kept."""
+        import glob
+
+        tf = self.tf
+        found = sorted(
+            (int(p.rsplit("-", 1)[1].split(".")[0]), p[: -len(".index")])
+            for p in glob.glob(str(self.ckpt_dir / "ckpt-*.index"))
+        )
+        keep = [path for number, path in found if number < step]
+        if self.rank == 0 and len(keep) < len(found):
+            for number, path in found:
+                if number >= step:
+                    for f in glob.glob(path + ".*"):
+                        os.remove(f)
+            if keep:
+                tf.compat.v1.train.update_checkpoint_state(str(self.ckpt_dir), keep[-1], all_model_checkpoint_paths=keep)
+            else:
+                (self.ckpt_dir / "checkpoint").unlink(missing_ok=True)
+        return keep[-1] if keep else None
+
     def _window_record(self, step, epoch, figs, stats, lr) -> dict:
         from pipelines.train.balance import balance_efficiency
 
@@ -368,6 +406,7 @@ class Trainer:
             "wait_s": figs[:, 1].tolist(),
             "input_s": figs[:, 2].tolist(),
             "samples": figs[:, 3].tolist(),
+            "rate": figs[:, 5].tolist(),
             "seconds": seg,
             "efficiency": balance_efficiency(figs[:, 0].tolist(), seg),
         }

@@ -1,0 +1,109 @@
+"""Re-balancing during training (DESIGN.md section 5): when a rank becomes slower mid-run (its CPU
+quota is cut), the measured speeds drift and the trainer moves samples away from it, keeping the
+global batch B fixed."""
+
+from __future__ import annotations
+
+import json
+import re
+import threading
+import time
+
+import pytest
+from conftest import launch_ranks, write_run
+
+from pipelines.launch.cgroups import CpuLimiter
+from pipelines.launch.local import Profile
+
+CALIBRATED = re.compile(r"calibrated samples/s .* -> local batches \[(\d+), (\d+)\]")
+
+
+class Watch:
+    """The launcher's output stream: remembers the batches chosen by calibration."""
+
+    def __init__(self):
+        self.calibrated = threading.Event()
+        self.batches: tuple[int, int] | None = None
+        self.lines: list[str] = []
+
+    def write(self, text: str) -> None:
+        self.lines.append(text)
+        if m := CALIBRATED.search(text):
+            self.batches = (int(m.group(1)), int(m.group(2)))
+            self.calibrated.set()
+
+    def flush(self) -> None:
+        pass
+
+
+def slow_down_later(watch: Watch, changed: dict):
+    """on_start: once calibration is done, cut rank 1 (on core 0) from a full core to a quarter."""
+
+    def run(limiter):
+        if watch.calibrated.wait(timeout=120):
+            time.sleep(2.0)  # a few windows at the calibrated batches first
+            limiter.set_share("rank1", 0.25)
+            changed["at"] = time.time()
+
+    def on_start(procs, limiter):
+        threading.Thread(target=run, args=(limiter,), daemon=True).start()
+
+    return on_start
+
+
+ROWS, GB = 4800, 64
+
+
+@pytest.fixture(scope="module")
+def slowed(tmp_path_factory):
+    """75 steps of small_cnn on two full cores; rank 1 drops to a quarter core after calibration."""
+    if not CpuLimiter("probe").available:
+        pytest.skip("needs a writable cgroup cpu controller (root)")
+    run = write_run(
+        tmp_path_factory.mktemp("rebalance") / "run",
+        rows=ROWS,
+        holdout=8,
+        model={"name": "small_cnn"},
+        epochs=1,
+        global_batch=GB,
+        rebalance_every_steps=5,
+        rebalance_threshold=0.1,
+        warmup_epochs=0,
+    )
+    watch, changed = Watch(), {}
+    result = launch_ranks(
+        run,
+        [Profile("a", (1,), 1.0), Profile("b", (0,), 1.0)],
+        output=watch,
+        on_start=slow_down_later(watch, changed),
+    )
+    assert result.returncode == 0, result.message
+    assert result.quota_enforced
+    assert "at" in changed, "training ended before the quota was changed"
+    assert watch.batches is not None and sum(watch.batches) == GB
+    return watch.batches, json.loads((run / "train" / "summary.json").read_text())
+
+
+def test_rank_slowed_mid_run_gets_a_smaller_batch(slowed):
+    before, s = slowed
+    events = s["rebalance_events"]
+    assert events, "no re-balance after rank 1 lost three quarters of its CPU"
+    assert any(e["new"][1] < e["old"][1] for e in events)
+    # Rank 1 now runs at a quarter of rank 0's speed (~1/5 of B); before, about half of B.
+    after = sorted(h["batches"][1] for h in s["history"][1:])
+    assert after[len(after) // 2] < before[1], (before, events)
+    for e in events:
+        assert sum(e["old"]) == sum(e["new"]) == GB
+    for h in s["history"]:
+        assert sum(h["batches"]) == GB, h  # B never changes, only its split
+    assert sum(sum(h["samples"]) for h in s["history"]) == ROWS  # every row once, whatever the split
+
+
+def test_rebalancing_settles_after_one_speed_change(slowed):
+    before, s = slowed
+    events = s["rebalance_events"]
+    # One change of speed should need a re-balance or two, not one at every window.
+    assert len(events) <= 3, [(e["step"], e["new"]) for e in events]
+    # And end near the throughput-proportional split: 0.25 / 1.25 of B for rank 1.
+    final = events[-1]["new"] if events else before
+    assert abs(final[1] - GB * 0.25 / 1.25) <= 6, (before, [(e["step"], e["new"]) for e in events])
