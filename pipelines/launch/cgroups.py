@@ -126,3 +126,36 @@ def threads_for(cpu_share: float, cpus: list[int] | None) -> int:
         n = min(n, len(cpus))
     return n
 
+
+
+def throttled_seconds(proc_cgroup: str = "/proc/self/cgroup", root: Path = CGROUP_ROOT) -> float | None:
+    """Seconds this process's CPU cgroup has been throttled by its quota so far, or None.
+
+    Works the same for a local rank in its cgroup and inside a pod (the container's own cgroup):
+    cgroup v1 ``cpu.stat`` ``throttled_time`` (ns) or v2 ``throttled_usec``.
+    """
+    try:
+        lines = Path(proc_cgroup).read_text().splitlines()
+    except OSError:
+        return None
+    for line in lines:
+        _, controllers, path = line.split(":", 2)
+        names = controllers.split(",")
+        if "cpu" in names:  # v1
+            bases = [root / controllers, root / "cpu", root / "cpu,cpuacct"]
+            key, scale = "throttled_time", 1e-9
+        elif controllers == "":  # v2
+            bases = [root, root / "unified"]
+            key, scale = "throttled_usec", 1e-6
+        else:
+            continue
+        for base in bases:
+            stat = base / path.lstrip("/") / "cpu.stat"
+            try:
+                for row in stat.read_text().splitlines():
+                    name, _, value = row.partition(" ")
+                    if name == key:
+                        return int(value) * scale
+            except OSError:
+                continue
+    return None

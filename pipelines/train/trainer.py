@@ -34,7 +34,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--window", type=int, default=10, help="steps per measurement window (default: %(default)s)")
     p.add_argument("--probe-steps", type=int, default=3, help="least timed calibration steps per rank (default: %(default)s)")
     p.add_argument("--probe-seconds", type=float, default=1.0, help="least calibration time per rank (default: %(default)s)")
-    p.add_argument("--no-balance", action="store_true", help="equal batches, no calibration or re-balancing")
+    p.add_argument("--no-balance", action="store_true", help="planned batches, no calibration or re-balancing")
+    p.add_argument("--measure-seconds", type=float, default=1.0,
+                   help="least measured time behind a re-balance every K steps (default: %(default)s)")
     p.add_argument("--max-steps", type=int, default=None, help="stop after this many steps (benchmarks)")
     p.add_argument("--out", default=None, help="train output folder (default: <run-dir>/train)")
     return p.parse_args(argv)
@@ -88,8 +90,9 @@ class Trainer:
 
         self.args, self.hvd, self.tf, self.np = args, hvd, tf, np
         self.rank, self.size = hvd.rank(), hvd.size()
-        # The rank's CPU quota in cores (local cgroup or pod CPU limit); 0 when it has none.
-        self.cpu_share = float(os.environ.get("HETERO_CPU_SHARE", "0") or 0)
+        from pipelines.launch.cgroups import throttled_seconds
+
+        self._throttled = throttled_seconds  # time the rank's CPU quota held it back (None: unknown)
         self.spec = load_spec(args.spec)
         self.run_dir = RunDir(args.run_dir)
         self.out = Path(args.out) if args.out else self.run_dir.root / "train"
@@ -222,24 +225,24 @@ class Trainer:
         batch = tf.constant(float(b))
         self._compute(x, y, batch).numpy()  # warm-up: trace and allocate
         # Time several CPU-quota periods (100 ms each), not a burst that fits inside one.
-        steps, t0, c0 = 0, time.perf_counter(), time.process_time()
+        steps, t0, th0 = 0, time.perf_counter(), self._throttled()
         while steps < self.args.probe_steps or time.perf_counter() - t0 < self.args.probe_seconds:
             self._compute(x, y, batch).numpy()
             steps += 1
-        rate = self.sustained_rate(b * steps, time.perf_counter() - t0, time.process_time() - c0)
+        rate = self.sustained_rate(b * steps, time.perf_counter() - t0, self._since(th0))
         return self.gather([rate])[:, 0].tolist()
 
-    def sustained_rate(self, samples: float, busy_s: float, cpu_s: float) -> float:
-        """Samples per second this rank can keep up.
+    def _since(self, start: float | None) -> float:
+        now = self._throttled()
+        return 0.0 if start is None or now is None else now - start
 
-        Under a CPU quota a short burst runs at full speed and the throttling lands later (often
-        while the rank waits in the allreduce), so wall time alone overstates a quota-limited
-        rank's speed; the CPU seconds it spent, spread over its quota, do not.
-        """
-        needed = busy_s
-        if self.cpu_share > 0:
-            needed = max(busy_s, cpu_s / self.cpu_share)
-        return samples / max(needed, 1e-9)
+    @staticmethod
+    def sustained_rate(samples: float, busy_s: float, throttled_s: float) -> float:
+        """Samples per second this rank can keep up: its compute time plus the time its CPU quota
+        throttled it.  Under a quota a short burst runs at full speed and the throttling lands
+        later (often while the rank waits in the allreduce), so compute time alone overstates a
+        quota-limited rank's speed."""
+        return samples / max(busy_s + throttled_s, 1e-9)
 
     def gather(self, values: list[float]):
         """All ranks' figures as an array [size, len(values)] (same on every rank)."""
@@ -277,8 +280,9 @@ class Trainer:
         steps_per_epoch = len(epoch_steps(n, self.batches))
         warmup_steps = int(round(t.warmup_epochs * steps_per_epoch))
         window = max(1, t.rebalance_every_steps or self.args.window)
-        per_rank: dict[str, float] = {"compute_s": 0.0, "wait_s": 0.0, "input_s": 0.0, "samples": 0.0, "cpu_s": 0.0}
+        per_rank: dict[str, float] = {"compute_s": 0.0, "wait_s": 0.0, "input_s": 0.0, "samples": 0.0, "throttled_s": 0.0}
         totals = {"compute_s": 0.0, "wait_s": 0.0, "input_s": 0.0, "samples": 0.0, "step_s": 0.0}
+        measured = {"samples": 0.0, "compute_s": 0.0, "throttled_s": 0.0, "seconds": 0.0}
         last_stats = [float("nan"), float("nan")]
         history: list[dict] = []
         timer = InputTimer()
@@ -293,7 +297,7 @@ class Trainer:
                 # A segment: up to `window` steps with the current batches over the rows left.
                 plan_steps = epoch_steps(n - pos, self.batches)[:window]
                 mine = [type(s[self.rank])(s[self.rank].start + pos, s[self.rank].stop + pos) for s in plan_steps]
-                seg_t0, cpu_t0 = time.perf_counter(), time.process_time()
+                seg_t0, th0 = time.perf_counter(), self._throttled()
                 for i, (x, y) in enumerate(prefetched(rank_batches(self.x, self.y, order, mine, self.shape), self.shape, timer)):
                     sizes = [sl.size for sl in plan_steps[i]]
                     lr = warmup_lr(step, self.base_lr, warmup_steps)
@@ -320,22 +324,33 @@ class Trainer:
                         self.epoch_var.assign(epoch)
                         self.manager.save(checkpoint_number=step)
                 seg_s = time.perf_counter() - seg_t0
-                per_rank["cpu_s"] = time.process_time() - cpu_t0
+                per_rank["throttled_s"] = self._since(th0)
                 per_rank["input_s"] = timer.take()
+                # Speed since the last re-balance decision: windows of a few steps are shorter than a
+                # CPU-quota period (100 ms), so decisions use at least --measure-seconds of them.
+                if history:  # the first window also traces the graph: not a speed measurement
+                    for k in ("samples", "compute_s", "throttled_s"):
+                        measured[k] += per_rank[k]
+                rate = self.sustained_rate(measured["samples"], measured["compute_s"], measured["throttled_s"])
                 # Share the window's figures; every rank gets the same array.
-                rate = self.sustained_rate(per_rank["samples"], per_rank["compute_s"], per_rank["cpu_s"])
                 figs = self.gather([per_rank["compute_s"], per_rank["wait_s"], per_rank["input_s"], per_rank["samples"], seg_s, rate])
                 for k, col in (("compute_s", 0), ("wait_s", 1), ("input_s", 2), ("samples", 3)):
                     totals[k] += float(figs[self.rank, col])
                 totals["step_s"] += seg_s
+                if history:
+                    measured["seconds"] += float(figs[:, 4].max())  # the same on every rank
                 record = self._window_record(step, epoch, figs, last_stats, lr)
                 history.append(record)
                 if writer is not None:
                     self._write_events(writer, step, record)
                 per_rank = dict.fromkeys(per_rank, 0.0)
-                # Re-balance at this boundary if measured speeds drifted (B stays fixed).
-                if not self.args.no_balance and (t.rebalance_every_steps or pos >= n):
+                due = measured["samples"] > 0 and (
+                    pos >= n or (t.rebalance_every_steps and measured["seconds"] >= self.args.measure_seconds)
+                )
+                if not self.args.no_balance and due:
+                    # Re-balance if measured speeds drifted (B stays fixed); every rank decides the same.
                     rates = figs[:, 5].tolist()
+                    measured = dict.fromkeys(measured, 0.0)
                     if drifted(self.batches, rates, t.rebalance_threshold):
                         new = allocate(rates, self.global_batch, self.caps)
                         if new != self.batches:

@@ -15,9 +15,10 @@ from pipelines.launch.local import Profile, profiles_from_pool
 ROWS, HOLDOUT = 3000, 2000
 # Same maths, not the same bits: per-rank partial sums round differently, and SGD with momentum
 # amplifies a 1e-7 difference into a different (equally good) model within a few dozen steps.
-# Measured on the 2-core machine: gaps of 0.1, 0.5 and 1.45 points; 0.5 is not reliable.
-TOLERANCE = 0.02
-TRAINING = {"epochs": 3, "learning_rate": 0.05, "global_batch": 64, "seed": 7}
+# Trained to convergence (6 epochs) the models agree within 0.5 points; after 2-3 epochs, still on
+# the steep part of the learning curve, gaps of 0.1 to 2.5 points were seen.
+TOLERANCE = 0.005  # the issue: within 0.5 points
+TRAINING = {"epochs": 6, "learning_rate": 0.05, "global_batch": 64, "seed": 7}
 
 
 def holdout_accuracy(run) -> float:
@@ -60,7 +61,7 @@ def test_balanced_heterogeneous_matches_single_process(runs):
     assert single > 0.8, (
         f"single-process accuracy {single:.3f}: the task is not learnt, the comparison is moot"
     )
-    assert abs(hetero - single) <= 0.005, (
+    assert abs(hetero - single) <= TOLERANCE, (
         f"held-out accuracy: heterogeneous {hetero:.4f}, single process {single:.4f}"
     )
 
