@@ -10,7 +10,7 @@ all ranks together see every training row exactly once per epoch.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -49,47 +49,53 @@ def epoch_permutation(num_rows: int, seed: int, epoch: int) -> np.ndarray:
     return np.random.default_rng([seed, epoch]).permutation(num_rows)
 
 
-class InputTimer:
-    """Accumulates the time a rank waited for its next batch."""
+class RankInput:
+    """This rank's input pipeline for the whole run: one ``tf.data`` pipeline with prefetching.
 
-    def __init__(self) -> None:
+    The trainer :meth:`feed`s the slices of the steps it is about to run (it decides them window
+    by window, as batches are re-balanced); a generator gathers each step's rows from the
+    memory-mapped split and ``tf.data`` prefetches them.  :meth:`next` returns the next step's
+    ``(x, y)`` and adds the time spent waiting for it to :attr:`wait_s`.
+    """
+
+    def __init__(self, features: np.ndarray, labels: np.ndarray, shape: Sequence[int], depth: int = 2):
+        import queue
+
+        import tensorflow as tf
+
+        self.features, self.labels, self.shape = features, labels, tuple(shape)
         self.wait_s = 0.0
+        self._pending: queue.Queue = queue.Queue()
+        dataset = tf.data.Dataset.from_generator(
+            self._batches,
+            output_signature=(
+                tf.TensorSpec(shape=(None, *self.shape), dtype=tf.float32),
+                tf.TensorSpec(shape=(None,), dtype=tf.int32),
+            ),
+        ).prefetch(depth)
+        self._it = iter(dataset)
 
-    def take(self) -> float:
+    def _batches(self):
+        while True:
+            idx = self._pending.get()
+            if idx is None:
+                return
+            yield self.features[idx].reshape((-1, *self.shape)), self.labels[idx]
+
+    def feed(self, order: np.ndarray, slices: Sequence[StepSlice]) -> None:
+        """Queue the rows ``order[slice]`` of the coming steps (sorted: kinder to the page cache)."""
+        for sl in slices:
+            self._pending.put(np.sort(order[sl.start : sl.stop]))
+
+    def next(self):
+        t0 = time.perf_counter()
+        item = next(self._it)
+        self.wait_s += time.perf_counter() - t0
+        return item
+
+    def take_wait(self) -> float:
         w, self.wait_s = self.wait_s, 0.0
         return w
 
-
-def rank_batches(
-    features: np.ndarray,
-    labels: np.ndarray,
-    order: np.ndarray,
-    slices: Sequence[StepSlice],
-    shape: Sequence[int],
-) -> Iterator[tuple[np.ndarray, np.ndarray]]:
-    """This rank's batches for the given steps: rows ``order[slice]`` reshaped to ``shape``."""
-    for sl in slices:
-        idx = np.sort(order[sl.start : sl.stop])  # sorted reads are kinder to the page cache
-        yield features[idx].reshape((-1, *shape)), labels[idx]
-
-
-def prefetched(batches: Iterator[tuple[np.ndarray, np.ndarray]], shape: Sequence[int], timer: InputTimer, depth: int = 2):
-    """Feed ``batches`` through ``tf.data`` with prefetching; time spent waiting goes to ``timer``."""
-    import tensorflow as tf
-
-    ds = tf.data.Dataset.from_generator(
-        lambda: batches,
-        output_signature=(
-            tf.TensorSpec(shape=(None, *shape), dtype=tf.float32),
-            tf.TensorSpec(shape=(None,), dtype=tf.int32),
-        ),
-    ).prefetch(depth)
-    it = iter(ds)
-    while True:
-        t0 = time.perf_counter()
-        try:
-            item = next(it)
-        except StopIteration:
-            return
-        timer.wait_s += time.perf_counter() - t0
-        yield item
+    def close(self) -> None:
+        self._pending.put(None)

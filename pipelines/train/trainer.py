@@ -35,8 +35,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--probe-steps", type=int, default=3, help="least timed calibration steps per rank (default: %(default)s)")
     p.add_argument("--probe-seconds", type=float, default=1.0, help="least calibration time per rank (default: %(default)s)")
     p.add_argument("--no-balance", action="store_true", help="planned batches, no calibration or re-balancing")
-    p.add_argument("--measure-seconds", type=float, default=1.0,
-                   help="least measured time behind a re-balance every K steps (default: %(default)s)")
+    p.add_argument("--measure-seconds", type=float, default=2.0,
+                   help="least measured time behind a re-balance decision (default: %(default)s)")
     p.add_argument("--max-steps", type=int, default=None, help="stop after this many steps (benchmarks)")
     p.add_argument("--out", default=None, help="train output folder (default: <run-dir>/train)")
     return p.parse_args(argv)
@@ -93,6 +93,10 @@ class Trainer:
         from pipelines.launch.cgroups import throttled_seconds
 
         self._throttled = throttled_seconds  # time the rank's CPU quota held it back (None: unknown)
+        # CPU this rank may use: its quota (local cgroup or pod limit), at most its compute threads.
+        share = float(os.environ.get("HETERO_CPU_SHARE", "0") or 0)
+        threads = int(os.environ.get("HETERO_CPU_THREADS", "0") or 0)
+        self.cpu_allowed = min(share, threads) if share and threads else share
         self.spec = load_spec(args.spec)
         self.run_dir = RunDir(args.run_dir)
         self.out = Path(args.out) if args.out else self.run_dir.root / "train"
@@ -225,24 +229,45 @@ class Trainer:
         batch = tf.constant(float(b))
         self._compute(x, y, batch).numpy()  # warm-up: trace and allocate
         # Time several CPU-quota periods (100 ms each), not a burst that fits inside one.
-        steps, t0, th0 = 0, time.perf_counter(), self._throttled()
+        m = dict.fromkeys(("samples", "compute_s", "throttled_s", "clean_samples", "clean_s"), 0.0)
+        steps, t0 = 0, time.perf_counter()
         while steps < self.args.probe_steps or time.perf_counter() - t0 < self.args.probe_seconds:
+            th0, t1 = self._throttled(), time.perf_counter()
             self._compute(x, y, batch).numpy()
+            self._account(m, b, time.perf_counter() - t1, self._since(th0))
             steps += 1
-        rate = self.sustained_rate(b * steps, time.perf_counter() - t0, self._since(th0))
-        return self.gather([rate])[:, 0].tolist()
+        return self.gather([self.sustained_rate(m)])[:, 0].tolist()
 
     def _since(self, start: float | None) -> float:
         now = self._throttled()
         return 0.0 if start is None or now is None else now - start
 
     @staticmethod
-    def sustained_rate(samples: float, busy_s: float, throttled_s: float) -> float:
-        """Samples per second this rank can keep up: its compute time plus the time its CPU quota
-        throttled it.  Under a quota a short burst runs at full speed and the throttling lands
-        later (often while the rank waits in the allreduce), so compute time alone overstates a
-        quota-limited rank's speed."""
-        return samples / max(busy_s + throttled_s, 1e-9)
+    def _account(m: dict, samples: float, compute_s: float, throttled_s: float) -> None:
+        """Add one step's figures to the speed measurement ``m``."""
+        m["samples"] += samples
+        m["compute_s"] += compute_s
+        m["throttled_s"] += throttled_s
+        if throttled_s < 1e-4:  # not held back by the quota: compute time is pure CPU time
+            m["clean_samples"] += samples
+            m["clean_s"] += compute_s
+
+    def sustained_rate(self, m: dict) -> float:
+        """Samples per second this rank can keep up.
+
+        Under a CPU quota a short burst runs at full speed and the throttling lands later (often
+        while the rank waits in the allreduce), so wall time overstates a quota-limited rank's
+        speed.  Steps that were never throttled measure the compute's CPU time per sample, which
+        spread over the CPU the rank may use gives its sustained speed.  On a GPU or an unlimited
+        CPU every step is clean and this is plain compute time.
+        """
+        if m["clean_samples"] > 0 and m["clean_s"] > 0:
+            per_sample = m["clean_s"] / m["clean_samples"]
+            if 0 < self.cpu_allowed < 1:
+                per_sample /= self.cpu_allowed
+            return 1.0 / per_sample
+        # every step throttled: compute plus throttled time bounds what it needs from above
+        return m["samples"] / max(m["compute_s"] + m["throttled_s"], 1e-9)
 
     def gather(self, values: list[float]):
         """All ranks' figures as an array [size, len(values)] (same on every rank)."""
@@ -250,7 +275,7 @@ class Trainer:
         return self.hvd.allgather(tf.constant([values], dtype=tf.float64), name=None).numpy()
 
     def fit(self) -> dict:
-        from pipelines.data.reader import InputTimer, epoch_permutation, prefetched, rank_batches
+        from pipelines.data.reader import RankInput, epoch_permutation
         from pipelines.train.balance import allocate, drifted, epoch_steps, warmup_lr
 
         tf, hvd = self.tf, self.hvd
@@ -280,96 +305,101 @@ class Trainer:
         steps_per_epoch = len(epoch_steps(n, self.batches))
         warmup_steps = int(round(t.warmup_epochs * steps_per_epoch))
         window = max(1, t.rebalance_every_steps or self.args.window)
-        per_rank: dict[str, float] = {"compute_s": 0.0, "wait_s": 0.0, "input_s": 0.0, "samples": 0.0, "throttled_s": 0.0}
+        per_rank: dict[str, float] = {"compute_s": 0.0, "wait_s": 0.0, "input_s": 0.0, "samples": 0.0}
         totals = {"compute_s": 0.0, "wait_s": 0.0, "input_s": 0.0, "samples": 0.0, "step_s": 0.0}
-        measured = {"samples": 0.0, "compute_s": 0.0, "throttled_s": 0.0, "seconds": 0.0}
+        measured = dict.fromkeys(("samples", "compute_s", "throttled_s", "clean_samples", "clean_s", "seconds"), 0.0)
         last_stats = [float("nan"), float("nan")]
         history: list[dict] = []
-        timer = InputTimer()
+        inputs = RankInput(self.x, self.y, self.shape)  # one prefetching pipeline for the run
         step = int(self.global_step.numpy())
         max_steps = self.args.max_steps
         done = False
 
-        for epoch in range(int(self.epoch_var.numpy()), self.epochs):
-            order = epoch_permutation(n, t.seed, epoch)
-            pos = int(self.pos_var.numpy())
-            while pos < n and not done:
-                # A segment: up to `window` steps with the current batches over the rows left.
-                plan_steps = epoch_steps(n - pos, self.batches)[:window]
-                mine = [type(s[self.rank])(s[self.rank].start + pos, s[self.rank].stop + pos) for s in plan_steps]
-                seg_t0, th0 = time.perf_counter(), self._throttled()
-                for i, (x, y) in enumerate(prefetched(rank_batches(self.x, self.y, order, mine, self.shape), self.shape, timer)):
-                    sizes = [sl.size for sl in plan_steps[i]]
-                    lr = warmup_lr(step, self.base_lr, warmup_steps)
-                    stats, compute_s, wait_s = self._train_step(x, y, tf.constant(float(sum(sizes))), tf.constant(lr, tf.float32))
-                    reduced = stats.numpy()
-                    if not math.isfinite(float(reduced[0])):
-                        # Every rank sees the same reduced loss, so all stop at the same step.
-                        raise TrainingError(
-                            f"loss is {reduced[0]} at step {step} (epoch {epoch}); stopping every rank, "
-                            f"last good checkpoint: {self._discard_checkpoints_from(step)}"
-                        )
-                    last_stats = [float(reduced[0]), float(reduced[1])]
-                    per_rank["compute_s"] += float(compute_s)
-                    per_rank["wait_s"] += float(wait_s)
-                    per_rank["samples"] += sizes[self.rank]
-                    step += 1
-                    pos += sum(sizes)
-                    self.global_step.assign(step)
-                    if max_steps and step >= max_steps:
-                        done = True
-                        break
-                    if self.rank == 0 and step % t.checkpoint_every_steps == 0:
-                        self.pos_var.assign(pos)
-                        self.epoch_var.assign(epoch)
-                        self.manager.save(checkpoint_number=step)
-                seg_s = time.perf_counter() - seg_t0
-                per_rank["throttled_s"] = self._since(th0)
-                per_rank["input_s"] = timer.take()
-                # Speed since the last re-balance decision: windows of a few steps are shorter than a
-                # CPU-quota period (100 ms), so decisions use at least --measure-seconds of them.
-                if history:  # the first window also traces the graph: not a speed measurement
-                    for k in ("samples", "compute_s", "throttled_s"):
-                        measured[k] += per_rank[k]
-                rate = self.sustained_rate(measured["samples"], measured["compute_s"], measured["throttled_s"])
-                # Share the window's figures; every rank gets the same array.
-                figs = self.gather([per_rank["compute_s"], per_rank["wait_s"], per_rank["input_s"], per_rank["samples"], seg_s, rate])
-                for k, col in (("compute_s", 0), ("wait_s", 1), ("input_s", 2), ("samples", 3)):
-                    totals[k] += float(figs[self.rank, col])
-                totals["step_s"] += seg_s
-                if history:
-                    measured["seconds"] += float(figs[:, 4].max())  # the same on every rank
-                record = self._window_record(step, epoch, figs, last_stats, lr)
-                history.append(record)
-                if writer is not None:
-                    self._write_events(writer, step, record)
-                per_rank = dict.fromkeys(per_rank, 0.0)
-                due = measured["samples"] > 0 and (
-                    pos >= n or (t.rebalance_every_steps and measured["seconds"] >= self.args.measure_seconds)
-                )
-                if not self.args.no_balance and due:
-                    # Re-balance if measured speeds drifted (B stays fixed); every rank decides the same.
-                    rates = figs[:, 5].tolist()
-                    measured = dict.fromkeys(measured, 0.0)
-                    if drifted(self.batches, rates, t.rebalance_threshold):
-                        new = allocate(rates, self.global_batch, self.caps)
-                        if new != self.batches:
-                            event = {"step": step, "epoch": epoch, "old": self.batches, "new": new,
-                                     "reason": f"measured samples/s {[round(r, 1) for r in rates]}"}
-                            rebalances.append(event)
-                            if self.rank == 0:
-                                log.info("re-balance at step %d: %s -> %s (%s)", step, self.batches, new, event["reason"])
-                            self.batches = new
-                            self.batches_var.assign(new)
-            if done:  # stopped early (--max-steps): remember where, for a resume
-                self.pos_var.assign(pos)
-                self.epoch_var.assign(epoch)
-                break
-            self.pos_var.assign(0)
-            self.epoch_var.assign(epoch + 1)
-            if self.rank == 0:
-                self.manager.save(checkpoint_number=step)  # end of epoch
-                log.info("epoch %d done: loss %.4f accuracy %.4f step %d", epoch, last_stats[0], last_stats[1], step)
+        try:
+            for epoch in range(int(self.epoch_var.numpy()), self.epochs):
+                order = epoch_permutation(n, t.seed, epoch)
+                pos = int(self.pos_var.numpy())
+                while pos < n and not done:
+                    # A segment: up to `window` steps with the current batches over the rows left.
+                    plan_steps = epoch_steps(n - pos, self.batches)[:window]
+                    mine = [type(s[self.rank])(s[self.rank].start + pos, s[self.rank].stop + pos) for s in plan_steps]
+                    seg_t0 = time.perf_counter()
+                    inputs.feed(order, mine)
+                    for i in range(len(plan_steps)):
+                        x, y = inputs.next()
+                        sizes = [sl.size for sl in plan_steps[i]]
+                        lr = warmup_lr(step, self.base_lr, warmup_steps)
+                        th0 = self._throttled()
+                        stats, compute_s, wait_s = self._train_step(x, y, tf.constant(float(sum(sizes))), tf.constant(lr, tf.float32))
+                        throttled = self._since(th0)
+                        reduced = stats.numpy()
+                        if not math.isfinite(float(reduced[0])):
+                            # Every rank sees the same reduced loss, so all stop at the same step.
+                            raise TrainingError(
+                                f"loss is {reduced[0]} at step {step} (epoch {epoch}); stopping every rank, "
+                                f"last good checkpoint: {self._discard_checkpoints_from(step)}"
+                            )
+                        last_stats = [float(reduced[0]), float(reduced[1])]
+                        per_rank["compute_s"] += float(compute_s)
+                        if history:  # the first window also traces the graph: not a speed measurement
+                            self._account(measured, sizes[self.rank], float(compute_s), throttled)
+                        per_rank["wait_s"] += float(wait_s)
+                        per_rank["samples"] += sizes[self.rank]
+                        step += 1
+                        pos += sum(sizes)
+                        self.global_step.assign(step)
+                        if max_steps and step >= max_steps:
+                            done = True
+                            break
+                        if self.rank == 0 and step % t.checkpoint_every_steps == 0:
+                            self.pos_var.assign(pos)
+                            self.epoch_var.assign(epoch)
+                            self.manager.save(checkpoint_number=step)
+                    seg_s = time.perf_counter() - seg_t0
+                    per_rank["input_s"] = inputs.take_wait()
+                    # Speed since the last re-balance decision: windows of a few steps are shorter than a
+                    # CPU-quota period (100 ms), so decisions use at least --measure-seconds of them.
+                    rate = self.sustained_rate(measured)
+                    # Share the window's figures; every rank gets the same array.
+                    figs = self.gather([per_rank["compute_s"], per_rank["wait_s"], per_rank["input_s"], per_rank["samples"], seg_s, rate])
+                    for k, col in (("compute_s", 0), ("wait_s", 1), ("input_s", 2), ("samples", 3)):
+                        totals[k] += float(figs[self.rank, col])
+                    totals["step_s"] += seg_s
+                    if history:
+                        measured["seconds"] += float(figs[:, 4].max())  # the same on every rank
+                    record = self._window_record(step, epoch, figs, last_stats, lr)
+                    history.append(record)
+                    if writer is not None:
+                        self._write_events(writer, step, record)
+                    per_rank = dict.fromkeys(per_rank, 0.0)
+                    # At an epoch boundary (or every K steps), once enough has been measured.
+                    due = measured["seconds"] >= self.args.measure_seconds and (pos >= n or t.rebalance_every_steps)
+                    if not self.args.no_balance and due:
+                        # Re-balance if measured speeds drifted (B stays fixed); every rank decides the same.
+                        rates = figs[:, 5].tolist()
+                        measured = dict.fromkeys(measured, 0.0)
+                        if drifted(self.batches, rates, t.rebalance_threshold):
+                            new = allocate(rates, self.global_batch, self.caps)
+                            if new != self.batches:
+                                event = {"step": step, "epoch": epoch, "old": self.batches, "new": new,
+                                         "reason": f"measured samples/s {[round(r, 1) for r in rates]}"}
+                                rebalances.append(event)
+                                if self.rank == 0:
+                                    log.info("re-balance at step %d: %s -> %s (%s)", step, self.batches, new, event["reason"])
+                                self.batches = new
+                                self.batches_var.assign(new)
+                if done:  # stopped early (--max-steps): remember where, for a resume
+                    self.pos_var.assign(pos)
+                    self.epoch_var.assign(epoch)
+                    break
+                self.pos_var.assign(0)
+                self.epoch_var.assign(epoch + 1)
+                if self.rank == 0:
+                    self.manager.save(checkpoint_number=step)  # end of epoch
+                    log.info("epoch %d done: loss %.4f accuracy %.4f step %d", epoch, last_stats[0], last_stats[1], step)
+
+        finally:
+            inputs.close()  # ends the input generator, also when a rank fails
 
         train_s = time.time() - started
         summary = self._summary(history, totals, rebalances, last_stats, step, resumed_from, train_s)
