@@ -63,9 +63,24 @@ def measure_preload(work: Path, rows_per_day: int, days: int, repeats: int) -> d
     }
 
 
-def measure_input_wait() -> float | None:
-    """Time the ranks wait for input / step time in a two-rank training run (added with the trainer)."""
-    return None
+def measure_input_wait(global_batch: int = 256, steps: int = 30) -> float:
+    """Time the ranks wait for input / step time: a balanced two-rank run of the sample CNN
+    (a fast and a 40%-quota rank) reading preloaded shards; the worse rank's fraction."""
+    import argparse as _argparse
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from hetero import measure, prepare, write_spec
+    from pipelines.launch.local import Profile
+
+    work = Path(tempfile.mkdtemp(prefix="bench-input-"))
+    try:
+        run = prepare(work, rows=4000, seed=0)
+        args = _argparse.Namespace(warmup=5, steps=steps, window=5, global_batch=global_batch)
+        write_spec(run, global_batch, epochs=max(1, -(-(steps + 5) * global_batch // 3800)))
+        result = measure(run, "input", [Profile("fast", (1,), 1.0), Profile("slow", (0,), 0.4)], None, args)
+        return round(max(result["input_frac"]), 4)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
 
 
 def main(argv: list[str] | None = None) -> int:
