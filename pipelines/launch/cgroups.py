@@ -128,34 +128,61 @@ def threads_for(cpu_share: float, cpus: list[int] | None) -> int:
 
 
 
-def throttled_seconds(proc_cgroup: str = "/proc/self/cgroup", root: Path = CGROUP_ROOT) -> float | None:
-    """Seconds this process's CPU cgroup has been throttled by its quota so far, or None.
-
-    Works the same for a local rank in its cgroup and inside a pod (the container's own cgroup):
-    cgroup v1 ``cpu.stat`` ``throttled_time`` (ns) or v2 ``throttled_usec``.
-    """
+def own_cpu_group(proc_cgroup: str = "/proc/self/cgroup", root: Path = CGROUP_ROOT) -> tuple[int, Path] | None:
+    """``(version, folder)`` of this process's CPU cgroup (a local rank's, or a pod's container's)."""
     try:
         lines = Path(proc_cgroup).read_text().splitlines()
     except OSError:
         return None
     for line in lines:
         _, controllers, path = line.split(":", 2)
-        names = controllers.split(",")
-        if "cpu" in names:  # v1
-            bases = [root / controllers, root / "cpu", root / "cpu,cpuacct"]
-            key, scale = "throttled_time", 1e-9
-        elif controllers == "":  # v2
-            bases = [root, root / "unified"]
-            key, scale = "throttled_usec", 1e-6
+        if "cpu" in controllers.split(","):
+            candidates = [(1, root / controllers), (1, root / "cpu"), (1, root / "cpu,cpuacct")]
+        elif controllers == "":
+            candidates = [(2, root), (2, root / "unified")]
         else:
             continue
-        for base in bases:
-            stat = base / path.lstrip("/") / "cpu.stat"
-            try:
-                for row in stat.read_text().splitlines():
-                    name, _, value = row.partition(" ")
-                    if name == key:
-                        return int(value) * scale
-            except OSError:
-                continue
+        for version, base in candidates:
+            folder = base / path.lstrip("/")
+            if (folder / "cpu.stat").exists():
+                return version, folder
     return None
+
+
+def throttled_seconds(group: tuple[int, Path] | None = None) -> float | None:
+    """Seconds this process's CPU cgroup has been throttled by its quota so far, or None
+    (cgroup v1 ``cpu.stat`` ``throttled_time`` in ns, v2 ``throttled_usec``)."""
+    group = group or own_cpu_group()
+    if group is None:
+        return None
+    version, folder = group
+    key, scale = ("throttled_time", 1e-9) if version == 1 else ("throttled_usec", 1e-6)
+    try:
+        for row in (folder / "cpu.stat").read_text().splitlines():
+            name, _, value = row.partition(" ")
+            if name == key:
+                return int(value) * scale
+    except OSError:
+        return None
+    return None
+
+
+def cpu_quota_cores(group: tuple[int, Path] | None = None) -> float | None:
+    """This process's current CPU quota in cores (0.4 for 40%), or None when unlimited/unknown.
+    Read at every measurement, so a quota changed during a run is seen."""
+    group = group or own_cpu_group()
+    if group is None:
+        return None
+    version, folder = group
+    try:
+        if version == 1:
+            quota = int((folder / "cpu.cfs_quota_us").read_text())
+            period = int((folder / "cpu.cfs_period_us").read_text())
+        else:
+            q, _, per = (folder / "cpu.max").read_text().split()[:2] + [""]
+            if q == "max":
+                return None
+            quota, period = int(q), int(per)
+    except (OSError, ValueError):
+        return None
+    return quota / period if quota > 0 and period > 0 else None

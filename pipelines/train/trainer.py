@@ -90,13 +90,12 @@ class Trainer:
 
         self.args, self.hvd, self.tf, self.np = args, hvd, tf, np
         self.rank, self.size = hvd.rank(), hvd.size()
-        from pipelines.launch.cgroups import throttled_seconds
+        from pipelines.launch.cgroups import cpu_quota_cores, own_cpu_group, throttled_seconds
 
-        self._throttled = throttled_seconds  # time the rank's CPU quota held it back (None: unknown)
-        # CPU this rank may use: its quota (local cgroup or pod limit), at most its compute threads.
-        share = float(os.environ.get("HETERO_CPU_SHARE", "0") or 0)
-        threads = int(os.environ.get("HETERO_CPU_THREADS", "0") or 0)
-        self.cpu_allowed = min(share, threads) if share and threads else share
+        group = own_cpu_group()  # this rank's cgroup (local) or its container's (pod)
+        self._throttled = lambda: throttled_seconds(group)  # time the quota held the rank back
+        self._quota = lambda: cpu_quota_cores(group) or float(os.environ.get("HETERO_CPU_SHARE", "0") or 0)
+        self._threads = int(os.environ.get("HETERO_CPU_THREADS", "0") or 0)
         self.spec = load_spec(args.spec)
         self.run_dir = RunDir(args.run_dir)
         self.out = Path(args.out) if args.out else self.run_dir.root / "train"
@@ -263,8 +262,10 @@ class Trainer:
         """
         if m["clean_samples"] > 0 and m["clean_s"] > 0:
             per_sample = m["clean_s"] / m["clean_samples"]
-            if 0 < self.cpu_allowed < 1:
-                per_sample /= self.cpu_allowed
+            quota = self._quota()  # read now: a quota may change during the run
+            allowed = min(quota, self._threads) if quota and self._threads else quota
+            if 0 < allowed < 1:
+                per_sample /= allowed
             return 1.0 / per_sample
         # every step throttled: compute plus throttled time bounds what it needs from above
         return m["samples"] / max(m["compute_s"] + m["throttled_s"], 1e-9)

@@ -74,6 +74,7 @@ def slowed(tmp_path_factory):
     result = launch_ranks(
         run,
         [Profile("a", (1,), 1.0), Profile("b", (0,), 1.0)],
+        extra_args=["--measure-seconds", "0.5"],  # this run is short: decide on half-second measurements
         output=watch,
         on_start=slow_down_later(watch, changed),
     )
