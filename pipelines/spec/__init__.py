@@ -123,6 +123,9 @@ class TrainingSpec(_Strict):
         64, ge=1, description="Batch at which a given learning rate applies; scaled linearly to the global batch."
     )
     warmup_epochs: float = Field(0.5, ge=0, description="Linear learning-rate warm-up, in epochs.")
+    lr_schedule: Literal["cosine", "constant"] = Field(
+        "cosine", description="After warm-up: cosine decay to zero at the last step, or a constant rate."
+    )
     optimizer: Literal["sgd", "adam"] = Field("sgd", description="sgd (with momentum 0.9) or adam.")
     seed: int = Field(42, description="Seed for shuffling, initialisation and the held-out split.")
     checkpoint_every_steps: int = Field(200, ge=1, description="Rank 0 saves a checkpoint this often (and at each epoch end).")

@@ -119,6 +119,17 @@ def warmup_lr(step: int, target_lr: float, warmup_steps: int) -> float:
     return target_lr * (step + 1) / warmup_steps
 
 
+def scheduled_lr(step: int, target_lr: float, warmup_steps: int, total_steps: int, schedule: str = "cosine") -> float:
+    """Warm-up, then ``constant`` or ``cosine`` decay to zero at ``total_steps``."""
+    if step < warmup_steps or schedule == "constant":
+        return warmup_lr(step, target_lr, warmup_steps)
+    if schedule != "cosine":
+        raise ValueError(f"unknown learning-rate schedule {schedule!r}")
+    span = max(1, total_steps - warmup_steps)
+    done = min(1.0, (step - warmup_steps) / span)
+    return target_lr * 0.5 * (1.0 + math.cos(math.pi * done))
+
+
 @dataclass(frozen=True)
 class StepSlice:
     """Rows of one rank for one step: ``order[start:stop]`` of the epoch's permutation."""

@@ -277,7 +277,7 @@ class Trainer:
 
     def fit(self) -> dict:
         from pipelines.data.reader import RankInput, epoch_permutation
-        from pipelines.train.balance import allocate, drifted, epoch_steps, warmup_lr
+        from pipelines.train.balance import allocate, drifted, epoch_steps, scheduled_lr
 
         tf, hvd = self.tf, self.hvd
         t = self.spec.training
@@ -305,6 +305,7 @@ class Trainer:
         n = len(self.y)
         steps_per_epoch = len(epoch_steps(n, self.batches))
         warmup_steps = int(round(t.warmup_epochs * steps_per_epoch))
+        total_steps = self.epochs * steps_per_epoch  # B is fixed, so every epoch has this many steps
         window = max(1, t.rebalance_every_steps or self.args.window)
         per_rank: dict[str, float] = {"compute_s": 0.0, "wait_s": 0.0, "input_s": 0.0, "samples": 0.0}
         totals = {"compute_s": 0.0, "wait_s": 0.0, "input_s": 0.0, "samples": 0.0, "step_s": 0.0}
@@ -329,7 +330,7 @@ class Trainer:
                     for i in range(len(plan_steps)):
                         x, y = inputs.next()
                         sizes = [sl.size for sl in plan_steps[i]]
-                        lr = warmup_lr(step, self.base_lr, warmup_steps)
+                        lr = scheduled_lr(step, self.base_lr, warmup_steps, total_steps, t.lr_schedule)
                         th0 = self._throttled()
                         stats, compute_s, wait_s = self._train_step(x, y, tf.constant(float(sum(sizes))), tf.constant(lr, tf.float32))
                         throttled = self._since(th0)

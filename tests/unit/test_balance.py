@@ -14,6 +14,7 @@ from pipelines.train.balance import (
     epoch_steps,
     loss_weights,
     scaled_learning_rate,
+    scheduled_lr,
     split_proportional,
     warmup_lr,
 )
@@ -96,6 +97,13 @@ def test_split_and_schedule_helpers():
     assert warmup_lr(0, 1.0, 4) == pytest.approx(0.25)
     assert warmup_lr(3, 1.0, 4) == pytest.approx(1.0)
     assert warmup_lr(10, 1.0, 4) == 1.0
+    assert scheduled_lr(2, 1.0, 4, 104) == pytest.approx(0.75)  # still warming up
+    assert scheduled_lr(4, 1.0, 4, 104) == pytest.approx(1.0)  # decay starts at the peak
+    assert scheduled_lr(54, 1.0, 4, 104) == pytest.approx(0.5)  # halfway
+    assert scheduled_lr(104, 1.0, 4, 104) == pytest.approx(0.0)
+    assert scheduled_lr(54, 1.0, 4, 104, "constant") == 1.0
+    with pytest.raises(ValueError, match="schedule"):
+        scheduled_lr(5, 1.0, 0, 10, "step")
 
 
 def test_drift_detection():
