@@ -65,7 +65,11 @@ def test_pipeline_runs_end_to_end(airflow_env, tiny_dataset, tmp_path):
         assert (run / stage / "result.json").is_file(), f"{stage} did not finish:\n{log[-5000:]}"
     train = json.loads((run / "train" / "result.json").read_text())
     assert train["global_batch"] == 64
-    assert [r["device"] for r in train["ranks"]] == ["fast", "slow"]  # the local pool's two devices
+    plan = json.loads((run / "estimate" / "plan.json").read_text())
+    # The ranks trained are the plan's devices from the local pool, fastest first, and share B exactly.
+    devices = [r["device"] for r in train["ranks"]]
+    assert devices == [r["device"] for r in plan["ranks"]] and devices[0] == "fast"
+    assert set(devices) <= {"fast", "slow"}
     assert sum(r["batch"] for r in train["ranks"]) == 64
     analysis = json.loads((run / "analyze" / "result.json").read_text())
     assert analysis["holdout_accuracy"] > 0.3  # well above chance (0.1) after two short epochs
