@@ -115,11 +115,6 @@ class LocalStage:
             _kill_group(self.proc)
 
 
-def run_local(stage: str, spec: JobSpec, ctx: StageContext, **kwargs) -> dict:
-    """Run one stage in the trainer environment and return its JSON result."""
-    return LocalStage(stage, spec, ctx, **kwargs).run()
-
-
 def _kill_group(proc: subprocess.Popen, grace_s: float = 10.0) -> None:
     try:
         os.killpg(proc.pid, signal.SIGTERM)
