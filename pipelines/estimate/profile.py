@@ -201,7 +201,8 @@ def calibrate_pool(
             env = {**os.environ, ENV_THREADS: str(threads), "TF_CPP_MIN_LOG_LEVEL": "2"}
             started = time.time()
             proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-            enforced = limiter.limit(proc.pid, dev.name, dev.local.cpu_share, dev.local.cpus)
+            enforced = limiter.limit(proc.pid, dev.name, dev.local.cpu_share, dev.local.cpus,
+                                     period_us=int(dev.local.cpu_period_ms * 1000))
             try:
                 output, _ = proc.communicate(timeout=timeout_s)
             except subprocess.TimeoutExpired:

@@ -1,8 +1,12 @@
 """Make a local "device": pin a process to CPU cores and cap it with a CFS CPU quota.
 
 A quota of 0.4 CPU is exactly what a Kubernetes pod with ``limits.cpu: 400m`` gets: the kernel
-throttles the group to 40 ms of CPU time per 100 ms period.  cgroup v1 (``cpu.cfs_quota_us``) and
-v2 (``cpu.max``) are supported.  Where cgroups cannot be written (no root, read-only mount), the
+throttles the group to 40% of each CFS period (the kubelet's period is 100 ms).  Local devices use
+a shorter period by default (10 ms): a synchronous step then finds the slow device uniformly slow,
+instead of running at full speed for 40 ms and stopped for 60 ms.  A share that covers all the
+pinned cores sets no quota at all (the affinity already limits it, and a quota equal to the cores
+still throttles on accounting slack).  cgroup v1 (``cpu.cfs_quota_us``) and v2 (``cpu.max``) are
+supported.  Where cgroups cannot be written (no root, read-only mount), the
 process is only pinned with affinity and a warning says that its speed is not limited.
 """
 
@@ -15,7 +19,8 @@ from pathlib import Path
 log = logging.getLogger(__name__)
 
 CGROUP_ROOT = Path(os.environ.get("HETERO_CGROUP_ROOT", "/sys/fs/cgroup"))
-PERIOD_US = 100_000
+PERIOD_US = 100_000  # the kubelet's CFS period (what a pod's CPU limit gets)
+LOCAL_PERIOD_US = 10_000  # default for local devices (see the module docstring)
 GROUP_PREFIX = "hetero-pipelines"
 
 
@@ -45,7 +50,8 @@ class CpuLimiter:
     def available(self) -> bool:
         return self.base is not None
 
-    def limit(self, pid: int, name: str, cpu_share: float, cpus: list[int] | None = None) -> bool:
+    def limit(self, pid: int, name: str, cpu_share: float, cpus: list[int] | None = None,
+              period_us: int = LOCAL_PERIOD_US) -> bool:
         """Pin ``pid`` to ``cpus`` and cap it at ``cpu_share`` CPUs.  True if the quota is enforced."""
         if cpus:
             try:
@@ -56,16 +62,12 @@ class CpuLimiter:
             self._warn(f"no writable cpu cgroup controller under {self.root}")
             return False
         group = self.base / GROUP_PREFIX / self.job / name
-        quota = max(1000, int(round(cpu_share * PERIOD_US)))
         try:
             if self.version == 2:
                 self._enable_v2_cpu(group)
             group.mkdir(parents=True, exist_ok=True)
-            if self.version == 1:
-                (group / "cpu.cfs_period_us").write_text(str(PERIOD_US))
-                (group / "cpu.cfs_quota_us").write_text(str(quota))
-            else:
-                (group / "cpu.max").write_text(f"{quota} {PERIOD_US}")
+            period_us = period_for(cpu_share, period_us)
+            self._write_quota(group, quota_us(cpu_share, period_us, cpus), period_us)
             (group / "cgroup.procs").write_text(str(pid))
         except OSError as e:
             self._warn(f"cannot write cgroup {group}: {e}")
@@ -73,14 +75,23 @@ class CpuLimiter:
         self.groups.append(group)
         return True
 
-    def set_share(self, name: str, cpu_share: float) -> None:
+    def set_share(self, name: str, cpu_share: float, period_us: int = LOCAL_PERIOD_US) -> None:
         """Change a running rank's quota (used to show re-balancing)."""
         group = self.base / GROUP_PREFIX / self.job / name
-        quota = max(1000, int(round(cpu_share * PERIOD_US)))
+        period_us = period_for(cpu_share, period_us)
+        self._write_quota(group, quota_us(cpu_share, period_us), period_us)
+
+    def _write_quota(self, group: Path, quota: int | None, period_us: int) -> None:
         if self.version == 1:
-            (group / "cpu.cfs_quota_us").write_text(str(quota))
+            if quota is None:
+                (group / "cpu.cfs_quota_us").write_text("-1")
+                (group / "cpu.cfs_period_us").write_text(str(period_us))
+            else:  # the kernel checks quota against the current period: lower the quota first
+                (group / "cpu.cfs_quota_us").write_text("-1")
+                (group / "cpu.cfs_period_us").write_text(str(period_us))
+                (group / "cpu.cfs_quota_us").write_text(str(quota))
         else:
-            (group / "cpu.max").write_text(f"{quota} {PERIOD_US}")
+            (group / "cpu.max").write_text(f"{'max' if quota is None else quota} {period_us}")
 
     def _enable_v2_cpu(self, group: Path) -> None:
         # In v2 a controller must be enabled in every ancestor's cgroup.subtree_control.
@@ -115,6 +126,19 @@ class CpuLimiter:
             except OSError:
                 pass
         self.groups.clear()
+
+
+def quota_us(cpu_share: float, period_us: int, cpus: list[int] | tuple[int, ...] | None = None) -> int | None:
+    """CFS quota in microseconds per period for ``cpu_share`` cores, or None for no quota (the share
+    covers every pinned core)."""
+    if cpus and cpu_share >= len(cpus):
+        return None
+    return max(1000, int(round(cpu_share * period_us)))  # the kernel's least quota is 1 ms
+
+
+def period_for(cpu_share: float, period_us: int) -> int:
+    """``period_us``, lengthened where the share's quota would fall under the kernel's 1 ms least."""
+    return max(period_us, int(-(-1000 // cpu_share)) if cpu_share > 0 else period_us)
 
 
 def threads_for(cpu_share: float, cpus: list[int] | None) -> int:

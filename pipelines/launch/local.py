@@ -27,7 +27,7 @@ import uuid
 from collections.abc import Sequence
 from pathlib import Path
 
-from pipelines.launch.cgroups import CpuLimiter, threads_for
+from pipelines.launch.cgroups import LOCAL_PERIOD_US, CpuLimiter, threads_for
 from pipelines.launch.rendezvous import (
     ENV_DEVICE,
     ENV_SHARE,
@@ -49,6 +49,7 @@ class Profile:
     device: str = "default"
     cpus: tuple[int, ...] = ()
     cpu_share: float | None = None
+    cpu_period_ms: float = LOCAL_PERIOD_US / 1000
 
 
 @dataclasses.dataclass
@@ -75,7 +76,8 @@ def profiles_from_pool(pool_path: str, names: Sequence[str]) -> list[Profile]:
     out = []
     for name in names:
         d = pool.get(name)
-        out.append(Profile(device=name, cpus=tuple(d.local.cpus), cpu_share=d.local.cpu_share))
+        out.append(Profile(device=name, cpus=tuple(d.local.cpus), cpu_share=d.local.cpu_share,
+                           cpu_period_ms=d.local.cpu_period_ms))
     return out
 
 
@@ -154,7 +156,8 @@ def launch(
                 start_new_session=True,  # its own process group, so we can stop all it started
             )
             if prof.cpu_share is not None or prof.cpus:
-                ok = limiter.limit(p.pid, f"rank{rank}", prof.cpu_share or float(os.cpu_count() or 1), list(prof.cpus))
+                ok = limiter.limit(p.pid, f"rank{rank}", prof.cpu_share or float(os.cpu_count() or 1), list(prof.cpus),
+                                   period_us=int(prof.cpu_period_ms * 1000))
                 enforced = enforced and (ok or prof.cpu_share is None)
             procs.append(p)
             t = threading.Thread(target=pump, args=(rank, p.stdout), daemon=True)

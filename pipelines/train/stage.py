@@ -51,7 +51,8 @@ def run(spec: JobSpec, run_dir: RunDir, ctx: StageContext) -> dict:
     profiles = []
     for r in plan["ranks"]:
         d = pool.get(r["device"])
-        profiles.append(Profile(device=d.name, cpus=tuple(d.local.cpus), cpu_share=d.local.cpu_share))
+        profiles.append(Profile(device=d.name, cpus=tuple(d.local.cpus), cpu_share=d.local.cpu_share,
+                                cpu_period_ms=d.local.cpu_period_ms))
     job = f"{ctx.dag_id}-{ctx.run_id}-{ctx.try_number}"[-60:]
     result = launch(rank_command(run_dir), profiles, job="".join(c if c.isalnum() or c in "-_" else "_" for c in job))
     if result.returncode != 0:
