@@ -2,12 +2,14 @@
 
 Run in the trainer environment::
 
-    .venv-trainer/bin/python bench/hetero.py [--global-batch 512] [--steps 60]
+    .venv-trainer/bin/python bench/hetero.py [--global-batch 512] [--steps 40] [--rounds 3]
 
-Every configuration runs the real trainer as real Horovod ranks through the local launcher, side
-by side in one run: a fast device (core 1, 100%) and a slow one (core 0, 40% CPU quota through
-cgroups).  Throughput is samples per second over the steady-state windows (the first windows,
-with graph tracing and calibration, are left out).  Ends with one JSON line:
+Every configuration runs the real trainer as real Horovod ranks through the local launcher: a
+fast device (core 1, a full core) and a slow one (core 0, 40% CPU quota through cgroups, with the
+local pools' default 10 ms CFS period).  Throughput is samples per second over the steady-state
+steps (the first ones, with graph tracing and calibration, are left out).  The six configurations
+run back to back in each round and every round gives its own ratios; the figures are the medians
+over rounds (this machine's speed drifts by 10-20% between minutes).  Ends with one JSON line:
 ``{"balanced_vs_equal", "balanced_vs_ideal", "scaling_efficiency", "speed_ratio", ...}``.
 """
 
@@ -18,6 +20,7 @@ import io
 import json
 import os
 import shutil
+import statistics
 import sys
 import tempfile
 from pathlib import Path
@@ -90,12 +93,30 @@ def measure(run: Path, name: str, profiles: list[Profile], batches: list[int] | 
     }
 
 
+CONFIGS = ("balanced", "equal", "fast_alone", "slow_alone", "one_full", "two_full")
+
+
+def figures_of(r: dict) -> dict:
+    """The four figures of one round."""
+    ideal = r["fast_alone"]["samples_per_sec"] + r["slow_alone"]["samples_per_sec"]
+    return {
+        "balanced_vs_equal": r["balanced"]["samples_per_sec"] / r["equal"]["samples_per_sec"],
+        "balanced_vs_ideal": r["balanced"]["samples_per_sec"] / ideal,
+        # weak scaling: two full-core ranks at B/2 each against one at B/2
+        "scaling_efficiency": r["two_full"]["samples_per_sec"] / (2 * r["one_full"]["samples_per_sec"]),
+        # slow / fast standalone throughput (each at its balanced local batch)
+        "speed_ratio": r["slow_alone"]["samples_per_sec"] / r["fast_alone"]["samples_per_sec"],
+    }
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--global-batch", type=int, default=512, help="global batch B (default: %(default)s)")
-    p.add_argument("--steps", type=int, default=60, help="measured steps per configuration (default: %(default)s)")
+    p.add_argument("--steps", type=int, default=40, help="measured steps per configuration (default: %(default)s)")
     p.add_argument("--warmup", type=int, default=10, help="steps left out at the start (default: %(default)s)")
-    p.add_argument("--window", type=int, default=5, help="steps per measurement window (default: %(default)s)")
+    p.add_argument("--window", type=int, default=10, help="steps per measurement window (default: %(default)s)")
+    p.add_argument("--rounds", type=int, default=3,
+                   help="rounds of all configurations, interleaved; figures are medians over rounds (default: %(default)s)")
     p.add_argument("--rows", type=int, default=8000, help="training rows (default: %(default)s)")
     p.add_argument("--slow-share", type=float, default=0.4, help="CPU quota of the slow device (default: %(default)s)")
     p.add_argument("--keep", action="store_true", help="keep the work folder")
@@ -112,33 +133,33 @@ def main() -> int:
         write_spec(run, args.global_batch, epochs)
         B = args.global_batch
         half = [B // 2, B - B // 2]
-        r = {}
-        r["balanced"] = measure(run, "balanced", [fast, slow], None, args)
-        b_fast, b_slow = r["balanced"]["batches"]
-        r["equal"] = measure(run, "equal", [fast, slow], half, args)
-        r["fast_alone"] = measure(run, "fast_alone", [fast], [b_fast], args)
-        r["slow_alone"] = measure(run, "slow_alone", [slow], [b_slow], args)
-        r["one_full"] = measure(run, "one_full", [fast], [half[0]], args)
-        r["two_full"] = measure(run, "two_full", [fast, other_full], half, args)
-        ideal = r["fast_alone"]["samples_per_sec"] + r["slow_alone"]["samples_per_sec"]
-        figures = {
-            "balanced_vs_equal": r["balanced"]["samples_per_sec"] / r["equal"]["samples_per_sec"],
-            "balanced_vs_ideal": r["balanced"]["samples_per_sec"] / ideal,
-            # weak scaling: two full-core ranks at B/2 each against one at B/2
-            "scaling_efficiency": r["two_full"]["samples_per_sec"] / (2 * r["one_full"]["samples_per_sec"]),
-            # slow / fast standalone throughput (each at its balanced local batch)
-            "speed_ratio": r["slow_alone"]["samples_per_sec"] / r["fast_alone"]["samples_per_sec"],
-        }
-        for name, res in r.items():
-            print(f"{name:11s} {res['samples_per_sec']:9.1f} samples/s  batches {res['batches']}  "
-                  f"compute {[round(x, 2) for x in res['compute_frac']]}  wait {[round(x, 2) for x in res['wait_frac']]}  "
-                  f"input {[round(x, 3) for x in res['input_frac']]}", file=sys.stderr)
-        line = {k: round(v, 3) for k, v in figures.items()}
+        rounds = []
+        # The machine's speed drifts (a shared host): every round runs all six configurations back
+        # to back, each round gives its own ratios, and the figures are medians over rounds.
+        for k in range(args.rounds):
+            r = {"balanced": measure(run, "balanced", [fast, slow], None, args)}
+            b_fast, b_slow = r["balanced"]["batches"]
+            r["equal"] = measure(run, "equal", [fast, slow], half, args)
+            r["fast_alone"] = measure(run, "fast_alone", [fast], [b_fast], args)
+            r["slow_alone"] = measure(run, "slow_alone", [slow], [b_slow], args)
+            r["one_full"] = measure(run, "one_full", [fast], [half[0]], args)
+            r["two_full"] = measure(run, "two_full", [fast, other_full], half, args)
+            rounds.append(r)
+            print(f"round {k + 1}: " + json.dumps({n: round(v, 3) for n, v in figures_of(r).items()}), file=sys.stderr)
+            for name in CONFIGS:
+                res = r[name]
+                print(f"  {name:11s} {res['samples_per_sec']:9.1f} samples/s  batches {res['batches']}  "
+                      f"compute {[round(x, 2) for x in res['compute_frac']]}  wait {[round(x, 2) for x in res['wait_frac']]}  "
+                      f"input {[round(x, 3) for x in res['input_frac']]}", file=sys.stderr)
+        per_round = [figures_of(r) for r in rounds]
+        line = {n: round(statistics.median(f[n] for f in per_round), 3) for n in per_round[0]}
         line.update({
             "global_batch": B,
-            "balanced_batches": [b_fast, b_slow],
-            "samples_per_sec": {k: round(v["samples_per_sec"], 1) for k, v in r.items()},
-            "quota_enforced": all(v["quota_enforced"] for v in r.values()),
+            "rounds": len(rounds),
+            "spread": {n: [round(min(f[n] for f in per_round), 3), round(max(f[n] for f in per_round), 3)] for n in per_round[0]},
+            "balanced_batches": [r["balanced"]["batches"] for r in rounds],
+            "samples_per_sec": {n: round(statistics.median(r[n]["samples_per_sec"] for r in rounds), 1) for n in CONFIGS},
+            "quota_enforced": all(v["quota_enforced"] for r in rounds for v in r.values()),
             "cpu_count": os.cpu_count(),
         })
         print(json.dumps(line))
