@@ -4,10 +4,8 @@ Nothing here imports TensorFlow or Horovod, so another allreduce backend can reu
 
 With ranks i = 1..N, local batches b_i and global batch B = sum(b_i):
 
-* :func:`allocate` chooses b_i proportional to each rank's measured throughput (or, with per-step
-  overheads, so that every rank's step ends at the same time), each at least 1 and at most its
-  memory cap, summing exactly to B;
-* :func:`step_time_model` fits a rank's step time as overhead + b / throughput from two batches;
+* :func:`allocate` chooses b_i proportional to each rank's measured throughput, each at least 1
+  and at most its memory cap, summing exactly to B;
 * :func:`loss_weights` gives the factor N * b_i / B that makes Horovod's plain average of the
   ranks' gradients equal the gradient of the mean loss over the global batch;
 * :func:`epoch_steps` splits one epoch's shuffled rows into per-rank, per-step slices so every
@@ -26,29 +24,18 @@ class AllocationError(ValueError):
     """The global batch cannot be placed on these ranks (memory caps, too few samples)."""
 
 
-def allocate(
-    throughputs: Sequence[float],
-    global_batch: int,
-    caps: Sequence[int] | None = None,
-    overheads: Sequence[float] | None = None,
-) -> list[int]:
-    """Split ``global_batch`` into local batches so every rank finishes its step at the same time.
+def allocate(throughputs: Sequence[float], global_batch: int, caps: Sequence[int] | None = None) -> list[int]:
+    """Split ``global_batch`` into local batches proportional to ``throughputs``.
 
-    Rank i's step takes ``overheads[i] + b_i / throughputs[i]`` seconds (a fixed per-step cost
-    plus the time for its samples).  With no overheads this is plain proportional allocation,
-    b_i proportional to throughput.  Each batch is >= 1 and <= its cap; the sum is exactly
-    ``global_batch``.  Ranks whose equal-time share would exceed their cap (or fall under one
-    sample) are fixed there and the rest of the batch is shared among the others (water-filling);
-    rounding uses the largest-remainder method.
+    Each batch is >= 1 and <= its cap; the sum is exactly ``global_batch``.  Rounding uses the
+    largest-remainder method, and shares that would exceed a cap are redistributed to the
+    others (water-filling), so the result is as close to proportional as the caps allow.
     """
     n = len(throughputs)
     if n == 0:
         raise AllocationError("no ranks to allocate a batch to")
     if any(not math.isfinite(t) or t <= 0 for t in throughputs):
         raise AllocationError(f"throughputs must be positive and finite, got {list(throughputs)}")
-    overheads = [float(o) for o in overheads] if overheads is not None else [0.0] * n
-    if len(overheads) != n or any(not math.isfinite(o) or o < 0 for o in overheads):
-        raise AllocationError(f"per-step overheads must be {n} finite seconds >= 0, got {overheads}")
     caps = [int(c) for c in caps] if caps is not None else [global_batch] * n
     if len(caps) != n:
         raise AllocationError(f"{len(caps)} memory caps for {n} ranks")
@@ -62,26 +49,21 @@ def allocate(
             f"samples per step (per-rank caps {caps})"
         )
 
-    # Water-filling on real-valued shares: the free ranks share what is left so that
-    # overhead_i + b_i / throughput_i = T for all of them; ranks pushed past their cap, or under
-    # one sample, are fixed there and T is solved again for the others.
+    # Water-filling on real-valued shares: ranks whose share exceeds the cap are fixed at the cap
+    # and the rest of the batch is shared among the others in proportion to throughput.
     share = [0.0] * n
     free = set(range(n))
     remaining = float(global_batch)
     while free:
         total = sum(throughputs[i] for i in free)
-        finish = (remaining + sum(throughputs[i] * overheads[i] for i in free)) / total
-        want = {i: throughputs[i] * (finish - overheads[i]) for i in free}
-        fixed = {i: float(caps[i]) for i in free if want[i] > caps[i]}
-        if not fixed:
-            fixed = {i: 1.0 for i in free if want[i] < 1.0}
-        if not fixed:
+        over = [i for i in free if remaining * throughputs[i] / total > caps[i]]
+        if not over:
             for i in free:
-                share[i] = want[i]
+                share[i] = remaining * throughputs[i] / total
             break
-        for i, value in fixed.items():
-            share[i] = value
-            remaining -= value
+        for i in over:
+            share[i] = float(caps[i])
+            remaining -= caps[i]
             free.discard(i)
 
     # Every rank needs at least one sample; then round with the largest remainders.
@@ -114,25 +96,6 @@ def allocate(
                 batches[i] -= 1
                 short += 1
     return batches
-
-
-def step_time_model(b1: int, t1: float, b2: int, t2: float) -> tuple[float, float]:
-    """``(overhead_s, samples_per_s)`` of the line ``t(b) = overhead + b / rate`` through two
-    timed batches.  A fixed per-step cost (kernel launches, the Python loop, the framework's
-    threads) makes small batches slower per sample; proportional allocation would then keep
-    shrinking a slow rank's batch.  Noisy measurements that give no positive slope or a negative
-    overhead fall back to a rate through the larger batch alone and no overhead."""
-    (b1, t1), (b2, t2) = sorted([(b1, t1), (b2, t2)], reverse=True)
-    if b1 <= 0 or t1 <= 0:
-        raise ValueError(f"need a positive batch and time, got {b1} samples in {t1} s")
-    if b1 == b2 or t2 <= 0:
-        return 0.0, b1 / t1
-    per_sample = (t1 - t2) / (b1 - b2)
-    overhead = t1 - b1 * per_sample
-    if per_sample <= 0 or overhead < 0:
-        return 0.0, b1 / t1
-    overhead = min(overhead, 0.5 * t1)  # noise guard: the batch's own work is at least half its step
-    return overhead, b1 / (t1 - overhead)
 
 
 def loss_weights(batches: Sequence[int]) -> list[float]:
@@ -231,21 +194,6 @@ def drifted(current: Sequence[int], throughputs: Sequence[float], threshold: flo
         if abs(want - have) > threshold * have:
             return True
     return False
-
-
-def damped(current: Sequence[int], target: Sequence[int], previous: Sequence[int] | None) -> list[int]:
-    """The next batches: ``target``, or halfway to it where it would undo the last re-balance.
-
-    ``previous`` holds the batches before the last re-balance.  When a rank would move back the
-    way it came, the measurements are noise or a model error rather than a new speed, so the
-    step is halved; that turns an oscillation into a settling.  The sum stays the global batch.
-    """
-    if previous is None:
-        return list(target)
-    reverses = any((t - c) * (c - p) < 0 for t, c, p in zip(target, current, previous, strict=True))
-    if not reverses:
-        return list(target)
-    return [max(1, b) for b in split_proportional(sum(current), [(c + t) / 2 for c, t in zip(current, target, strict=True)])]
 
 
 def balance_efficiency(compute_s: Sequence[float], step_s: float) -> list[float]:

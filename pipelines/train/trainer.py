@@ -193,14 +193,8 @@ class Trainer:
 
         @tf.function(input_signature=[spec_x, spec_y, scalar], reduce_retracing=True)
         def compute(x, y, step_batch):
-            """Forward and backward only (calibration), timed in-graph like a training step."""
-            t0 = tf.timestamp()
-            with tf.control_dependencies([t0]):
-                x = tf.identity(x)
-            grads, stats = forward_backward(x, y, step_batch)
-            with tf.control_dependencies(grads + [stats]):
-                elapsed = tf.timestamp() - t0
-            return elapsed, grads, stats  # fetched, so no part of the pass is pruned
+            """Forward and backward only (calibration)."""
+            return forward_backward(x, y, step_batch)[1]
 
         @tf.function(input_signature=[spec_x, spec_y, scalar, scalar], reduce_retracing=True)
         def train_step(x, y, step_batch, lr):
@@ -224,62 +218,24 @@ class Trainer:
 
     # ---------------------------------------------------------------------------- training
 
-    def calibrate(self) -> tuple[list[float], list[float]]:
-        """Every rank times forward+backward at its batch and at half of it; returns all ranks'
-        ``(samples/s, per-step overhead s)`` of the line ``step time = overhead + b / rate``."""
-        from pipelines.train.balance import step_time_model
-
-        b = max(1, self.batches[self.rank])
-        points = []
-        for probe in (b, max(1, b // 2)) if b >= 4 else (b,):
-            rate = self._probe(probe, self.args.probe_seconds / 2)
-            points.append((probe, probe / rate))
-        if len(points) == 2:
-            overhead, rate = step_time_model(*points[0], *points[1])
-        else:
-            overhead, rate = 0.0, points[0][0] / points[0][1]
-        figs = self.gather([rate, overhead])
-        rates, overheads = figs[:, 0].tolist(), figs[:, 1].tolist()
-        # A rank whose two points were too noisy for a line (no overhead found) takes the median
-        # overhead of the others, counted in its own samples: every rank runs the same program, and
-        # one rank's overhead left out would tilt the allocation against the ranks that have one.
-        fitted = sorted(o * r for o, r in zip(overheads, rates, strict=True) if o > 0)
-        if fitted:
-            typical = fitted[len(fitted) // 2]
-            overheads = [o if o > 0 else typical / r for o, r in zip(overheads, rates, strict=True)]
-        return rates, overheads
-
-    def _probe(self, b: int, seconds: float) -> float:
-        """Sustained samples/s of forward+backward at batch ``b``."""
+    def calibrate(self) -> list[float]:
+        """Every rank times forward+backward at its batch; returns all ranks' samples/s."""
         tf, np = self.tf, self.np
+        b = max(1, self.batches[self.rank])
         idx = np.arange(b) % len(self.y)
         x = tf.constant(self.x[idx].reshape((-1, *self.shape)))
         y = tf.constant(self.y[idx])
         batch = tf.constant(float(b))
-        self._compute(x, y, batch)[0].numpy()  # warm-up: trace and allocate
-        # Time several CPU-quota periods, not a burst that fits inside one.
+        self._compute(x, y, batch).numpy()  # warm-up: trace and allocate
+        # Time several CPU-quota periods (100 ms each), not a burst that fits inside one.
         m = dict.fromkeys(("samples", "compute_s", "throttled_s", "clean_samples", "clean_s"), 0.0)
         steps, t0 = 0, time.perf_counter()
-        while steps < self.args.probe_steps or time.perf_counter() - t0 < seconds:
-            th0 = self._throttled()
-            compute_s = float(self._compute(x, y, batch)[0])  # the same clock as a training step's compute
-            self._account(m, b, compute_s, self._since(th0))
+        while steps < self.args.probe_steps or time.perf_counter() - t0 < self.args.probe_seconds:
+            th0, t1 = self._throttled(), time.perf_counter()
+            self._compute(x, y, batch).numpy()
+            self._account(m, b, time.perf_counter() - t1, self._since(th0))
             steps += 1
-        return self.sustained_rate(m)
-
-    def step_model(self, rates: list[float]) -> tuple[list[float], list[float]]:
-        """Per rank ``(samples/s, overhead s)`` from speeds measured at the current batches.
-
-        A quota change slows a rank's fixed per-step work and its per-sample work alike, so the
-        calibrated overhead, counted in samples (overhead * rate), stays; the measured step time
-        at the current batch then gives the new rate and overhead."""
-        out_rates, out_over = [], []
-        for b, r, ov_samples in zip(self.batches, rates, self.overhead_samples, strict=True):
-            step = b / r  # seconds per step at the current batch
-            rate = (ov_samples + b) / step
-            out_rates.append(rate)
-            out_over.append(ov_samples / rate)
-        return out_rates, out_over
+        return self.gather([self.sustained_rate(m)])[:, 0].tolist()
 
     def _since(self, start: float | None) -> float:
         now = self._throttled()
@@ -298,22 +254,21 @@ class Trainer:
     def sustained_rate(self, m: dict) -> float:
         """Samples per second this rank can keep up.
 
-        Under a CPU quota with a long CFS period (the kubelet's 100 ms) a short step may run at full
-        speed and the throttling lands later, often while the rank waits in the allreduce, so the
-        wall time of such a step overstates the rank's speed.  Steps that were never throttled
-        measure the compute's CPU time per sample; spread over the CPU the rank may use, that gives
-        its sustained speed.  When most steps were throttled (a short period, or steps longer than
-        one), their wall time already holds the throttling and is the sustained speed.  On a GPU or
-        an unlimited CPU every step is clean and this is plain compute time.
+        Under a CPU quota a short burst runs at full speed and the throttling lands later (often
+        while the rank waits in the allreduce), so wall time overstates a quota-limited rank's
+        speed.  Steps that were never throttled measure the compute's CPU time per sample, which
+        spread over the CPU the rank may use gives its sustained speed.  On a GPU or an unlimited
+        CPU every step is clean and this is plain compute time.
         """
-        if m["clean_samples"] > 0 and m["clean_s"] > 0 and m["clean_samples"] >= m["samples"] / 3:
+        if m["clean_samples"] > 0 and m["clean_s"] > 0:
             per_sample = m["clean_s"] / m["clean_samples"]
             quota = self._quota()  # read now: a quota may change during the run
             allowed = min(quota, self._threads) if quota and self._threads else quota
             if 0 < allowed < 1:
                 per_sample /= allowed
             return 1.0 / per_sample
-        return m["samples"] / max(m["compute_s"], 1e-9)
+        # every step throttled: compute plus throttled time bounds what it needs from above
+        return m["samples"] / max(m["compute_s"] + m["throttled_s"], 1e-9)
 
     def gather(self, values: list[float]):
         """All ranks' figures as an array [size, len(values)] (same on every rank)."""
@@ -322,7 +277,7 @@ class Trainer:
 
     def fit(self) -> dict:
         from pipelines.data.reader import RankInput, epoch_permutation
-        from pipelines.train.balance import allocate, damped, drifted, epoch_steps, scheduled_lr
+        from pipelines.train.balance import allocate, drifted, epoch_steps, scheduled_lr
 
         tf, hvd = self.tf, self.hvd
         t = self.spec.training
@@ -338,14 +293,11 @@ class Trainer:
         hvd.broadcast_variables(self.model.variables, root_rank=0)  # identical weights everywhere
 
         rebalances: list[dict] = []
-        self.overhead_samples = [0.0] * self.size  # per-step fixed cost of each rank, in its samples
         if not self.args.no_balance and not latest:
-            rates, overheads = self.calibrate()
-            self.overhead_samples = [o * r for o, r in zip(overheads, rates, strict=True)]
-            new = allocate(rates, self.global_batch, self.caps, overheads)
+            rates = self.calibrate()
+            new = allocate(rates, self.global_batch, self.caps)
             if self.rank == 0:
-                log.info("calibrated samples/s %s, per-step overhead ms %s -> local batches %s (was %s)",
-                         [round(r, 1) for r in rates], [round(1000 * o, 2) for o in overheads], new, self.batches)
+                log.info("calibrated samples/s %s -> local batches %s (was %s)", [round(r, 1) for r in rates], new, self.batches)
             self.batches = new
             self.batches_var.assign(new)
 
@@ -426,11 +378,10 @@ class Trainer:
                     due = measured["seconds"] >= self.args.measure_seconds and (pos >= n or t.rebalance_every_steps)
                     if not self.args.no_balance and due:
                         # Re-balance if measured speeds drifted (B stays fixed); every rank decides the same.
-                        rates, overheads = self.step_model(figs[:, 5].tolist())
+                        rates = figs[:, 5].tolist()
                         measured = dict.fromkeys(measured, 0.0)
-                        target = allocate(rates, self.global_batch, self.caps, overheads)
-                        if drifted(self.batches, target, t.rebalance_threshold):
-                            new = damped(self.batches, target, rebalances[-1]["old"] if rebalances else None)
+                        if drifted(self.batches, rates, t.rebalance_threshold):
+                            new = allocate(rates, self.global_batch, self.caps)
                             if new != self.batches:
                                 event = {"step": step, "epoch": epoch, "old": self.batches, "new": new,
                                          "reason": f"measured samples/s {[round(r, 1) for r in rates]}"}

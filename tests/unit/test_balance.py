@@ -10,14 +10,12 @@ from pipelines.train.balance import (
     AllocationError,
     allocate,
     balance_efficiency,
-    damped,
     drifted,
     epoch_steps,
     loss_weights,
     scaled_learning_rate,
     scheduled_lr,
     split_proportional,
-    step_time_model,
     warmup_lr,
 )
 
@@ -57,49 +55,6 @@ def test_respects_caps(ranks, data):
 def test_proportional_example_fast_and_slow():
     assert allocate([1.0, 0.4], 140) == [100, 40]
     assert allocate([3.0, 1.0], 256, caps=[150, 1000]) == [150, 106]
-
-
-@settings(max_examples=300, deadline=None)
-@given(
-    st.lists(st.tuples(st.floats(min_value=10, max_value=5000), st.floats(min_value=0, max_value=0.05)), min_size=1, max_size=6),
-    st.integers(min_value=0, max_value=4096),
-)
-def test_with_overheads_every_rank_finishes_together(ranks, extra):
-    tp = [t for t, _ in ranks]
-    over = [o for _, o in ranks]
-    b = len(ranks) + extra
-    out = allocate(tp, b, overheads=over)
-    assert sum(out) == b and all(x >= 1 for x in out)
-    finish = [o + x / t for x, t, o in zip(out, tp, over, strict=True)]
-    j = max(range(len(out)), key=finish.__getitem__)
-    for t, f in zip(tp, finish, strict=True):
-        # rounding: a rank ends early by less than one of its samples plus one of the slowest's
-        # (unless the slowest is at the one-sample floor and has nothing to give)
-        assert out[j] == 1 or finish[j] - f < 1.0 / t + 1.0 / tp[j] + 1e-9, (out, finish)
-
-
-def test_overheads_move_samples_to_the_rank_with_less_fixed_cost():
-    # Equal speeds, but rank 1 loses 10 ms per step: it gets 10 ms worth of samples less.
-    assert allocate([1000.0, 1000.0], 100, overheads=[0.0, 0.01]) == [55, 45]
-    assert allocate([1000.0, 400.0], 140, overheads=[0.0, 0.0]) == [100, 40]
-    with pytest.raises(AllocationError, match="overheads"):
-        allocate([1.0, 1.0], 8, overheads=[0.0, -1.0])
-
-
-def test_step_time_model_fits_overhead_and_rate():
-    overhead, rate = step_time_model(200, 0.005 + 200 / 4000, 100, 0.005 + 100 / 4000)
-    assert overhead == pytest.approx(0.005) and rate == pytest.approx(4000)
-    # noise that gives a negative slope or overhead: no overhead, rate through the larger batch
-    assert step_time_model(200, 0.05, 100, 0.06) == (0.0, pytest.approx(4000))
-    assert step_time_model(200, 0.05, 100, 0.02) == (0.0, pytest.approx(4000))
-    assert step_time_model(64, 0.02, 64, 0.02) == (0.0, pytest.approx(3200))
-
-
-def test_damped_halves_a_move_that_undoes_the_last_one():
-    assert damped([50, 14], [40, 24], None) == [40, 24]
-    assert damped([50, 14], [56, 8], previous=[32, 32]) == [56, 8]  # same direction: all the way
-    assert damped([60, 4], [50, 14], previous=[50, 14]) == [55, 9]  # back again: halfway
-    assert sum(damped([60, 3, 1], [20, 20, 24], previous=[50, 7, 7])) == 64
 
 
 def test_cannot_fit_names_the_caps():
