@@ -6,7 +6,7 @@ Run in the trainer environment::
 
 Every configuration runs the real trainer as real Horovod ranks through the local launcher: a
 fast device (core 1, a full core) and a slow one (core 0, 40% CPU quota through cgroups, with the
-local pools' default 10 ms CFS period).  Throughput is samples per second over the steady-state
+kubelet's 100 ms CFS period unless ``--slow-period-ms`` says otherwise).  Throughput is samples per second over the steady-state
 steps (the first ones, with graph tracing and calibration, are left out).  The six configurations
 run back to back in each round and every round gives its own ratios; the figures are the medians
 over rounds (this machine's speed drifts by 10-20% between minutes).  Ends with one JSON line:
@@ -119,11 +119,13 @@ def main() -> int:
                    help="rounds of all configurations, interleaved; figures are medians over rounds (default: %(default)s)")
     p.add_argument("--rows", type=int, default=8000, help="training rows (default: %(default)s)")
     p.add_argument("--slow-share", type=float, default=0.4, help="CPU quota of the slow device (default: %(default)s)")
+    p.add_argument("--slow-period-ms", type=float, default=100.0,
+                   help="CFS period of the slow device's quota (default: %(default)s, the kubelet's)")
     p.add_argument("--keep", action="store_true", help="keep the work folder")
     args = p.parse_args()
 
     fast = Profile("fast", (1,), 1.0)
-    slow = Profile("slow", (0,), args.slow_share)
+    slow = Profile("slow", (0,), args.slow_share, cpu_period_ms=args.slow_period_ms)
     other_full = Profile("full0", (0,), 1.0)
     work = Path(tempfile.mkdtemp(prefix="bench-hetero-"))
     try:
@@ -155,6 +157,7 @@ def main() -> int:
         line = {n: round(statistics.median(f[n] for f in per_round), 3) for n in per_round[0]}
         line.update({
             "global_batch": B,
+            "slow_period_ms": args.slow_period_ms,
             "rounds": len(rounds),
             "spread": {n: [round(min(f[n] for f in per_round), 3), round(max(f[n] for f in per_round), 3)] for n in per_round[0]},
             "balanced_batches": [r["balanced"]["batches"] for r in rounds],

@@ -1,9 +1,9 @@
 """Make a local "device": pin a process to CPU cores and cap it with a CFS CPU quota.
 
 A quota of 0.4 CPU is exactly what a Kubernetes pod with ``limits.cpu: 400m`` gets: the kernel
-throttles the group to 40% of each CFS period (the kubelet's period is 100 ms).  Local devices use
-a shorter period by default (10 ms): a synchronous step then finds the slow device uniformly slow,
-instead of running at full speed for 40 ms and stopped for 60 ms.  A share that covers all the
+throttles the group to 40% of each CFS period (the kubelet's period is 100 ms, and the local
+default).  A pool may set a shorter period (``local.cpu_period_ms``): a synchronous step then
+finds the slow device uniformly slow, instead of at full speed for 40 ms and stopped for 60 ms.  A share that covers all the
 pinned cores sets no quota at all (the affinity already limits it, and a quota equal to the cores
 still throttles on accounting slack).  cgroup v1 (``cpu.cfs_quota_us``) and v2 (``cpu.max``) are
 supported.  Where cgroups cannot be written (no root, read-only mount), the
@@ -20,7 +20,7 @@ log = logging.getLogger(__name__)
 
 CGROUP_ROOT = Path(os.environ.get("HETERO_CGROUP_ROOT", "/sys/fs/cgroup"))
 PERIOD_US = 100_000  # the kubelet's CFS period (what a pod's CPU limit gets)
-LOCAL_PERIOD_US = 10_000  # default for local devices (see the module docstring)
+LOCAL_PERIOD_US = PERIOD_US  # default for local devices: behave like a pod (a pool may set less)
 GROUP_PREFIX = "hetero-pipelines"
 
 

@@ -227,9 +227,9 @@ class LocalDevice(_Strict):
     )
     cpu_share: float = Field(1.0, gt=0, le=64, description="CPU quota in cores (0.4 = 40% of one core).")
     cpu_period_ms: float = Field(
-        10.0, ge=1, le=1000,
-        description="CFS period of the quota in ms. Short periods make a slow device uniformly slow; "
-        "the kubelet uses 100 ms, which runs a 40% pod at full speed for 40 ms, then stops it for 60 ms.",
+        100.0, ge=1, le=1000,
+        description="CFS period of the quota in ms (default: the kubelet's 100 ms, which runs a 40% pod at "
+        "full speed for 40 ms, then stops it for 60 ms). Shorter periods make a slow device uniformly slow.",
     )
 
 

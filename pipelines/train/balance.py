@@ -10,7 +10,8 @@ With ranks i = 1..N, local batches b_i and global batch B = sum(b_i):
   ranks' gradients equal the gradient of the mean loss over the global batch;
 * :func:`epoch_steps` splits one epoch's shuffled rows into per-rank, per-step slices so every
   rank runs the same number of steps and all ranks together see every row exactly once;
-* :func:`drifted` decides when measured speeds moved enough to re-allocate.
+* :func:`drifted` decides when measured speeds moved enough to re-allocate, and :func:`damped`
+  halves a re-allocation that would undo the previous one.
 """
 
 from __future__ import annotations
@@ -194,6 +195,21 @@ def drifted(current: Sequence[int], throughputs: Sequence[float], threshold: flo
         if abs(want - have) > threshold * have:
             return True
     return False
+
+
+def damped(current: Sequence[int], target: Sequence[int], previous: Sequence[int] | None) -> list[int]:
+    """The next batches: ``target``, or halfway to it where it would undo the last re-balance.
+
+    ``previous`` holds the batches before the last re-balance.  When a rank would move back the
+    way it came, the measurements are noise rather than a new speed, so the step is halved; that
+    turns an oscillation into a settling.  The sum stays the global batch.
+    """
+    if previous is None:
+        return list(target)
+    reverses = any((t - c) * (c - p) < 0 for t, c, p in zip(target, current, previous, strict=True))
+    if not reverses:
+        return list(target)
+    return [max(1, b) for b in split_proportional(sum(current), [(c + t) / 2 for c, t in zip(current, target, strict=True)])]
 
 
 def balance_efficiency(compute_s: Sequence[float], step_s: float) -> list[float]:

@@ -254,21 +254,22 @@ class Trainer:
     def sustained_rate(self, m: dict) -> float:
         """Samples per second this rank can keep up.
 
-        Under a CPU quota a short burst runs at full speed and the throttling lands later (often
-        while the rank waits in the allreduce), so wall time overstates a quota-limited rank's
-        speed.  Steps that were never throttled measure the compute's CPU time per sample, which
-        spread over the CPU the rank may use gives its sustained speed.  On a GPU or an unlimited
-        CPU every step is clean and this is plain compute time.
+        Under a CPU quota with a long CFS period (the kubelet's 100 ms) a short step may run at full
+        speed and the throttling lands later, often while the rank waits in the allreduce, so the
+        wall time of such a step overstates the rank's speed.  Steps that were never throttled
+        measure the compute's CPU time per sample; spread over the CPU the rank may use, that gives
+        its sustained speed.  When most steps were throttled (a short period, or steps longer than
+        one), their wall time already holds the throttling and is the sustained speed.  On a GPU or
+        an unlimited CPU every step is clean and this is plain compute time.
         """
-        if m["clean_samples"] > 0 and m["clean_s"] > 0:
+        if m["clean_samples"] > 0 and m["clean_s"] > 0 and m["clean_samples"] >= m["samples"] / 3:
             per_sample = m["clean_s"] / m["clean_samples"]
             quota = self._quota()  # read now: a quota may change during the run
             allowed = min(quota, self._threads) if quota and self._threads else quota
             if 0 < allowed < 1:
                 per_sample /= allowed
             return 1.0 / per_sample
-        # every step throttled: compute plus throttled time bounds what it needs from above
-        return m["samples"] / max(m["compute_s"] + m["throttled_s"], 1e-9)
+        return m["samples"] / max(m["compute_s"], 1e-9)
 
     def gather(self, values: list[float]):
         """All ranks' figures as an array [size, len(values)] (same on every rank)."""
@@ -277,7 +278,7 @@ class Trainer:
 
     def fit(self) -> dict:
         from pipelines.data.reader import RankInput, epoch_permutation
-        from pipelines.train.balance import allocate, drifted, epoch_steps, scheduled_lr
+        from pipelines.train.balance import allocate, damped, drifted, epoch_steps, scheduled_lr
 
         tf, hvd = self.tf, self.hvd
         t = self.spec.training
@@ -381,7 +382,8 @@ class Trainer:
                         rates = figs[:, 5].tolist()
                         measured = dict.fromkeys(measured, 0.0)
                         if drifted(self.batches, rates, t.rebalance_threshold):
-                            new = allocate(rates, self.global_batch, self.caps)
+                            target = allocate(rates, self.global_batch, self.caps)
+                            new = damped(self.batches, target, rebalances[-1]["old"] if rebalances else None)
                             if new != self.batches:
                                 event = {"step": step, "epoch": epoch, "old": self.batches, "new": new,
                                          "reason": f"measured samples/s {[round(r, 1) for r in rates]}"}

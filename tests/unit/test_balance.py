@@ -10,6 +10,7 @@ from pipelines.train.balance import (
     AllocationError,
     allocate,
     balance_efficiency,
+    damped,
     drifted,
     epoch_steps,
     loss_weights,
@@ -55,6 +56,13 @@ def test_respects_caps(ranks, data):
 def test_proportional_example_fast_and_slow():
     assert allocate([1.0, 0.4], 140) == [100, 40]
     assert allocate([3.0, 1.0], 256, caps=[150, 1000]) == [150, 106]
+
+
+def test_damped_halves_a_move_that_undoes_the_last_one():
+    assert damped([50, 14], [40, 24], None) == [40, 24]
+    assert damped([50, 14], [56, 8], previous=[32, 32]) == [56, 8]  # same direction: all the way
+    assert damped([60, 4], [50, 14], previous=[50, 14]) == [55, 9]  # back again: halfway
+    assert sum(damped([60, 3, 1], [20, 20, 24], previous=[50, 7, 7])) == 64
 
 
 def test_cannot_fit_names_the_caps():
