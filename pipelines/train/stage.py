@@ -13,7 +13,7 @@ from pathlib import Path
 
 from pipelines.errors import StageError
 from pipelines.rundir import RunDir, input_key
-from pipelines.spec import JobSpec, load_pool
+from pipelines.spec import JobSpec
 from pipelines.stages import StageContext
 
 log = logging.getLogger(__name__)
@@ -32,7 +32,7 @@ def load_plan(run_dir: RunDir) -> dict:
 
 
 def run(spec: JobSpec, run_dir: RunDir, ctx: StageContext) -> dict:
-    from pipelines.launch.local import Profile, launch
+    from pipelines.launch.local import launch, profiles_from_pool
 
     plan = load_plan(run_dir)
     lr = run_dir.result_path("lr_search")
@@ -47,12 +47,7 @@ def run(spec: JobSpec, run_dir: RunDir, ctx: StageContext) -> dict:
         return done
     if spec.launcher != "local":
         raise StageError("the train stage runs ranks locally; with launcher=kubernetes the HorovodJobOperator starts the pods")
-    pool = load_pool(spec.pool)
-    profiles = []
-    for r in plan["ranks"]:
-        d = pool.get(r["device"])
-        profiles.append(Profile(device=d.name, cpus=tuple(d.local.cpus), cpu_share=d.local.cpu_share,
-                                cpu_period_ms=d.local.cpu_period_ms))
+    profiles = profiles_from_pool(spec.pool, [r["device"] for r in plan["ranks"]])
     job = f"{ctx.dag_id}-{ctx.run_id}-{ctx.try_number}"[-60:]
     result = launch(rank_command(run_dir), profiles, job="".join(c if c.isalnum() or c in "-_" else "_" for c in job))
     if result.returncode != 0:
