@@ -3,11 +3,12 @@
 A quota of 0.4 CPU is exactly what a Kubernetes pod with ``limits.cpu: 400m`` gets: the kernel
 throttles the group to 40% of each CFS period (the kubelet's period is 100 ms, and the local
 default).  A pool may set a shorter period (``local.cpu_period_ms``): a synchronous step then
-finds the slow device uniformly slow, instead of at full speed for 40 ms and stopped for 60 ms.  A share that covers all the
-pinned cores sets no quota at all (the affinity already limits it, and a quota equal to the cores
-still throttles on accounting slack).  cgroup v1 (``cpu.cfs_quota_us``) and v2 (``cpu.max``) are
-supported.  Where cgroups cannot be written (no root, read-only mount), the
-process is only pinned with affinity and a warning says that its speed is not limited.
+finds the slow device uniformly slow, instead of at full speed for 40 ms and stopped for 60 ms.
+A share that covers all the pinned cores sets no quota at all (the affinity already limits it,
+and a quota equal to the cores still throttles on accounting slack).  cgroup v1
+(``cpu.cfs_quota_us``) and v2 (``cpu.max``) are supported.  Where cgroups cannot be written (no
+root, read-only mount), the process is only pinned with affinity and a warning says that its
+speed is not limited.
 """
 
 from __future__ import annotations
@@ -19,8 +20,7 @@ from pathlib import Path
 log = logging.getLogger(__name__)
 
 CGROUP_ROOT = Path(os.environ.get("HETERO_CGROUP_ROOT", "/sys/fs/cgroup"))
-PERIOD_US = 100_000  # the kubelet's CFS period (what a pod's CPU limit gets)
-LOCAL_PERIOD_US = PERIOD_US  # default for local devices: behave like a pod (a pool may set less)
+PERIOD_US = 100_000  # the kubelet's CFS period (what a pod's CPU limit gets); local default too
 GROUP_PREFIX = "hetero-pipelines"
 
 
@@ -51,7 +51,7 @@ class CpuLimiter:
         return self.base is not None
 
     def limit(self, pid: int, name: str, cpu_share: float, cpus: list[int] | None = None,
-              period_us: int = LOCAL_PERIOD_US) -> bool:
+              period_us: int = PERIOD_US) -> bool:
         """Pin ``pid`` to ``cpus`` and cap it at ``cpu_share`` CPUs.  True if the quota is enforced."""
         if cpus:
             try:
@@ -75,7 +75,7 @@ class CpuLimiter:
         self.groups.append(group)
         return True
 
-    def set_share(self, name: str, cpu_share: float, period_us: int = LOCAL_PERIOD_US) -> None:
+    def set_share(self, name: str, cpu_share: float, period_us: int = PERIOD_US) -> None:
         """Change a running rank's quota (used to show re-balancing)."""
         group = self.base / GROUP_PREFIX / self.job / name
         period_us = period_for(cpu_share, period_us)
@@ -83,12 +83,10 @@ class CpuLimiter:
 
     def _write_quota(self, group: Path, quota: int | None, period_us: int) -> None:
         if self.version == 1:
-            if quota is None:
-                (group / "cpu.cfs_quota_us").write_text("-1")
-                (group / "cpu.cfs_period_us").write_text(str(period_us))
-            else:  # the kernel checks quota against the current period: lower the quota first
-                (group / "cpu.cfs_quota_us").write_text("-1")
-                (group / "cpu.cfs_period_us").write_text(str(period_us))
+            # The kernel checks a quota against the current period: lift it, set the period, cap.
+            (group / "cpu.cfs_quota_us").write_text("-1")
+            (group / "cpu.cfs_period_us").write_text(str(period_us))
+            if quota is not None:
                 (group / "cpu.cfs_quota_us").write_text(str(quota))
         else:
             (group / "cpu.max").write_text(f"{'max' if quota is None else quota} {period_us}")

@@ -27,7 +27,7 @@ import uuid
 from collections.abc import Sequence
 from pathlib import Path
 
-from pipelines.launch.cgroups import LOCAL_PERIOD_US, CpuLimiter, threads_for
+from pipelines.launch.cgroups import PERIOD_US, CpuLimiter, threads_for
 from pipelines.launch.rendezvous import (
     ENV_DEVICE,
     ENV_SHARE,
@@ -49,7 +49,7 @@ class Profile:
     device: str = "default"
     cpus: tuple[int, ...] = ()
     cpu_share: float | None = None
-    cpu_period_ms: float = LOCAL_PERIOD_US / 1000
+    cpu_period_ms: float = PERIOD_US / 1000
 
 
 @dataclasses.dataclass

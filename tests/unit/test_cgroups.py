@@ -8,7 +8,6 @@ import pytest
 
 from pipelines.launch.cgroups import (
     GROUP_PREFIX,
-    LOCAL_PERIOD_US,
     PERIOD_US,
     CpuLimiter,
     period_for,
@@ -48,8 +47,8 @@ def test_v1_slow_device_gets_quota_and_short_period(tmp_path):
     limiter = CpuLimiter("job1", root=fake_v1(tmp_path))
     assert limiter.limit(os.getpid(), "rank1", 0.4) is True
     group = tmp_path / "cpu" / GROUP_PREFIX / "job1" / "rank1"
-    assert (group / "cpu.cfs_period_us").read_text() == str(LOCAL_PERIOD_US)
-    assert (group / "cpu.cfs_quota_us").read_text() == str(int(0.4 * LOCAL_PERIOD_US))
+    assert (group / "cpu.cfs_period_us").read_text() == str(PERIOD_US)
+    assert (group / "cpu.cfs_quota_us").read_text() == str(int(0.4 * PERIOD_US))
     assert (group / "cgroup.procs").read_text() == str(os.getpid())
     limiter.set_share("rank1", 0.25, period_us=PERIOD_US)  # the kubelet's period, as a pod has it
     assert (group / "cpu.cfs_period_us").read_text() == str(PERIOD_US)
