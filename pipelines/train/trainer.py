@@ -62,7 +62,9 @@ def main(argv: list[str] | None = None) -> int:
     configure_threads()
     import horovod.tensorflow as hvd
 
-    hvd.init()  # joins the Gloo rendezvous; blocks until every rank has arrived
+    from pipelines.train.comm import init_horovod
+
+    init_horovod(hvd)  # joins the Gloo rendezvous (blocks until every rank has arrived)
     try:
         Trainer(args, hvd).fit()
     except TrainingError as e:
