@@ -5,6 +5,8 @@
 # An environment is rebuilt only when its stamp (a hash of its lock file, pyproject.toml and this
 # script) changes.  The Horovod wheel is cached outside the repository ($HETERO_CACHE, default
 # ~/.cache/hetero-pipelines) so a second set-up on the same machine does not compile it again.
+# Packages are byte-compiled at install: TensorFlow imports in about 5 s instead of 14 s where
+# PYTHONDONTWRITEBYTECODE is set, and every rank, task and test process starts with an import.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -42,8 +44,8 @@ export UV_CACHE_DIR=$CACHE/uv
 echo "building $venv from $lock"
 rm -rf "$venv"
 "$PYTHON" -m venv "$venv"
-"$UV" pip install --quiet --python "$venv/bin/python" -r "$lock"
-"$UV" pip install --quiet --python "$venv/bin/python" --no-deps -e .
+"$UV" pip install --quiet --compile-bytecode --python "$venv/bin/python" -r "$lock"
+"$UV" pip install --quiet --compile-bytecode --python "$venv/bin/python" --no-deps -e .
 
 if [[ $which_env == trainer ]]; then
   tf_version=$(TF_CPP_MIN_LOG_LEVEL=3 "$venv/bin/python" -c "from importlib.metadata import version; print(version('tensorflow-cpu'))")
@@ -58,7 +60,7 @@ if [[ $which_env == trainer ]]; then
         "horovod==$HOROVOD_VERSION" -w "$tmp"
     mkdir -p "$wheel_dir" && mv "$tmp"/horovod-*.whl "$wheel_dir"/ && rmdir "$tmp"
   fi
-  "$UV" pip install --quiet --python "$venv/bin/python" --no-deps "$wheel_dir"/horovod-*.whl
+  "$UV" pip install --quiet --compile-bytecode --python "$venv/bin/python" --no-deps "$wheel_dir"/horovod-*.whl
   check=$(TF_CPP_MIN_LOG_LEVEL=3 "$venv/bin/horovodrun" --check-build 2>&1)
   echo "$check" | grep -q '\[X\] TensorFlow' || { echo "ERROR: horovod was built without TensorFlow:"; echo "$check"; exit 1; } >&2
   echo "$check" | grep -q '\[X\] Gloo' || { echo "ERROR: horovod was built without Gloo:"; echo "$check"; exit 1; } >&2
