@@ -41,7 +41,7 @@ def slow_down_later(watch: Watch, changed: dict):
 
     def run(limiter):
         if watch.calibrated.wait(timeout=120):
-            time.sleep(2.0)  # a few windows at the calibrated batches first
+            time.sleep(1.0)  # training has begun at the calibrated batches
             limiter.set_share("rank1", 0.25)
             changed["at"] = time.time()
 
@@ -51,12 +51,12 @@ def slow_down_later(watch: Watch, changed: dict):
     return on_start
 
 
-ROWS, GB = 4800, 64
+ROWS, GB = 9600, 64
 
 
 @pytest.fixture(scope="module")
 def slowed(tmp_path_factory):
-    """75 steps of small_cnn on two full cores; rank 1 drops to a quarter core after calibration."""
+    """150 steps of small_cnn on two full cores; rank 1 drops to a quarter core after calibration."""
     if not CpuLimiter("probe").available:
         pytest.skip("needs a writable cgroup cpu controller (root)")
     run = write_run(
