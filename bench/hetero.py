@@ -2,7 +2,7 @@
 
 Run in the trainer environment::
 
-    .venv-trainer/bin/python bench/hetero.py [--global-batch 512] [--steps 40] [--rounds 3]
+    .venv-trainer/bin/python bench/hetero.py [--global-batch 512] [--steps 40] [--rounds 5]
 
 Every configuration runs the real trainer as real Horovod ranks through the local launcher: a
 fast device (core 1, a full core) and a slow one (core 0, 40% CPU quota through cgroups, with the
@@ -115,7 +115,7 @@ def main() -> int:
     p.add_argument("--steps", type=int, default=40, help="measured steps per configuration (default: %(default)s)")
     p.add_argument("--warmup", type=int, default=10, help="steps left out at the start (default: %(default)s)")
     p.add_argument("--window", type=int, default=10, help="steps per measurement window (default: %(default)s)")
-    p.add_argument("--rounds", type=int, default=3,
+    p.add_argument("--rounds", type=int, default=5,
                    help="rounds of all configurations, interleaved; figures are medians over rounds (default: %(default)s)")
     p.add_argument("--rows", type=int, default=8000, help="training rows (default: %(default)s)")
     p.add_argument("--slow-share", type=float, default=0.4, help="CPU quota of the slow device (default: %(default)s)")

@@ -64,3 +64,39 @@ def test_bad_policy_names_the_variable_before_init(monkeypatch):
     with pytest.raises(ValueError, match="HETERO_HOROVOD_THREADS='fast'"):
         comm.init_horovod(hvd)
     assert hvd.started == []  # nothing started
+
+
+
+SYSTEM_PYTHON = "/usr/bin/python3"  # the venv's interpreter may sit under a root-only home
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or not os.access(SYSTEM_PYTHON, os.X_OK),
+                    reason="needs root (to start a process as nobody) and a system python3")
+def test_works_without_privileges():
+    """As in a pod that runs as non-root with every capability dropped."""
+    import shutil
+    import subprocess
+    import tempfile
+    from pathlib import Path
+
+    folder = Path(tempfile.mkdtemp(prefix="hetero-comm-"))  # pytest's own tmp folders are root-only
+    shutil.copy(comm.__file__, folder / "comm.py")
+    (folder / "check.py").write_text(
+        "import os, sys, threading\n"
+        "import comm\n"
+        "stop = threading.Event()\n"
+        "class Hvd:\n"
+        "    def init(self):\n"
+        "        for _ in range(2):\n"
+        "            threading.Thread(target=stop.wait, daemon=True).start()\n"
+        "changed = comm.init_horovod(Hvd(), policy='idle')\n"
+        "ok = changed and all(os.sched_getscheduler(t) == os.SCHED_IDLE for t in changed)\n"
+        "print(os.geteuid(), len(changed), 'ok' if ok else 'not-idle')\n"
+    )
+    for f in (folder, *folder.iterdir()):
+        f.chmod(0o755)
+    out = subprocess.run([SYSTEM_PYTHON, str(folder / "check.py")], cwd=folder, user=65534, group=65534,
+                         extra_groups=[], capture_output=True, text=True, timeout=60, check=False)
+    shutil.rmtree(folder, ignore_errors=True)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["65534", "2", "ok"]
