@@ -2,14 +2,15 @@
 
 Run in the trainer environment::
 
-    .venv-trainer/bin/python bench/hetero.py [--global-batch 512] [--steps 40] [--rounds 5]
+    .venv-trainer/bin/python bench/hetero.py [--global-batch 512] [--steps 40] [--rounds 3]
 
 Every configuration runs the real trainer as real Horovod ranks through the local launcher: a
 fast device (core 1, a full core) and a slow one (core 0, 40% CPU quota through cgroups, with the
 kubelet's 100 ms CFS period unless ``--slow-period-ms`` says otherwise).  Throughput is samples per second over the steady-state
-steps (the first ones, with graph tracing and calibration, are left out).  The six configurations
-run back to back in each round and every round gives its own ratios; the figures are the medians
-over rounds (this machine's speed drifts by 10-20% between minutes).  Ends with one JSON line:
+steps (the first ones, with graph tracing and calibration, are left out).  Each round runs the six
+configurations back to back and then in reverse order, and averages the two runs of each, so a
+steady drift of the machine's speed over the round cancels (it drifts by 10-20% between minutes);
+every round gives its own ratios and the figures are the medians over rounds.  Ends with one JSON line:
 ``{"balanced_vs_equal", "balanced_vs_ideal", "scaling_efficiency", "speed_ratio", ...}``.
 """
 
@@ -96,6 +97,14 @@ def measure(run: Path, name: str, profiles: list[Profile], batches: list[int] | 
 CONFIGS = ("balanced", "equal", "fast_alone", "slow_alone", "one_full", "two_full")
 
 
+def combined(results: list[dict]) -> dict:
+    """One configuration's runs within a round: mean throughput, the other figures of the first."""
+    out = dict(results[0])
+    out["samples_per_sec"] = statistics.fmean(r["samples_per_sec"] for r in results)
+    out["quota_enforced"] = all(r["quota_enforced"] for r in results)
+    return out
+
+
 def figures_of(r: dict) -> dict:
     """The four figures of one round."""
     ideal = r["fast_alone"]["samples_per_sec"] + r["slow_alone"]["samples_per_sec"]
@@ -115,7 +124,9 @@ def main() -> int:
     p.add_argument("--steps", type=int, default=40, help="measured steps per configuration (default: %(default)s)")
     p.add_argument("--warmup", type=int, default=10, help="steps left out at the start (default: %(default)s)")
     p.add_argument("--window", type=int, default=10, help="steps per measurement window (default: %(default)s)")
-    p.add_argument("--rounds", type=int, default=5,
+    p.add_argument("--no-reverse", dest="reverse", action="store_false",
+                   help="run each round's configurations once, not forward and then in reverse order")
+    p.add_argument("--rounds", type=int, default=3,
                    help="rounds of all configurations, interleaved; figures are medians over rounds (default: %(default)s)")
     p.add_argument("--rows", type=int, default=8000, help="training rows (default: %(default)s)")
     p.add_argument("--slow-share", type=float, default=0.4, help="CPU quota of the slow device (default: %(default)s)")
@@ -136,16 +147,28 @@ def main() -> int:
         B = args.global_batch
         half = [B // 2, B - B // 2]
         rounds = []
-        # The machine's speed drifts (a shared host): every round runs all six configurations back
-        # to back, each round gives its own ratios, and the figures are medians over rounds.
+        # The machine's speed drifts (a shared host). Every round runs the six configurations back
+        # to back and then again in reverse order (A B C ... C B A), so a drift that is steady over
+        # the round adds the same to both runs of each configuration and cancels in the ratios;
+        # each round gives its own ratios, and the figures are medians over rounds.
         for k in range(args.rounds):
-            r = {"balanced": measure(run, "balanced", [fast, slow], None, args)}
-            b_fast, b_slow = r["balanced"]["batches"]
-            r["equal"] = measure(run, "equal", [fast, slow], half, args)
-            r["fast_alone"] = measure(run, "fast_alone", [fast], [b_fast], args)
-            r["slow_alone"] = measure(run, "slow_alone", [slow], [b_slow], args)
-            r["one_full"] = measure(run, "one_full", [fast], [half[0]], args)
-            r["two_full"] = measure(run, "two_full", [fast, other_full], half, args)
+            runs: dict[str, list[dict]] = {}
+            first = measure(run, "balanced", [fast, slow], None, args)
+            b_fast, b_slow = first["batches"]
+            setups = {
+                "balanced": ([fast, slow], None),
+                "equal": ([fast, slow], half),
+                "fast_alone": ([fast], [b_fast]),
+                "slow_alone": ([slow], [b_slow]),
+                "one_full": ([fast], [half[0]]),
+                "two_full": ([fast, other_full], half),
+            }
+            order = list(CONFIGS) + list(reversed(CONFIGS)) if args.reverse else list(CONFIGS)
+            runs["balanced"] = [first]
+            for name in order[1:]:
+                profiles, batches = setups[name]
+                runs.setdefault(name, []).append(measure(run, name, profiles, batches, args))
+            r = {name: combined(results) for name, results in runs.items()}
             rounds.append(r)
             print(f"round {k + 1}: " + json.dumps({n: round(v, 3) for n, v in figures_of(r).items()}), file=sys.stderr)
             for name in CONFIGS:
