@@ -49,11 +49,8 @@ def init_horovod(hvd, policy: str | None = None) -> list[int]:
     policy = policy or policy_from_env()
     before = thread_ids()
     hvd.init()  # starts Horovod's background thread and Gloo's threads, and joins the rendezvous
-    started = sorted(thread_ids() - before)
-    if policy != "idle" or not started:
-        return []
-    if not hasattr(os, "SCHED_IDLE"):
-        log.warning("this platform has no SCHED_IDLE; Horovod's threads keep their scheduling")
+    started = sorted(thread_ids() - before)  # none where /proc is missing (not Linux)
+    if policy != "idle":
         return []
     changed = []
     for tid in started:

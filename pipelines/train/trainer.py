@@ -230,7 +230,7 @@ class Trainer:
         batch = tf.constant(float(b))
         self._compute(x, y, batch).numpy()  # warm-up: trace and allocate
         # Time several CPU-quota periods (100 ms each), not a burst that fits inside one.
-        m = dict.fromkeys(("samples", "compute_s", "throttled_s", "clean_samples", "clean_s"), 0.0)
+        m = dict.fromkeys(("samples", "compute_s", "clean_samples", "clean_s"), 0.0)
         steps, t0 = 0, time.perf_counter()
         while steps < self.args.probe_steps or time.perf_counter() - t0 < self.args.probe_seconds:
             th0, t1 = self._throttled(), time.perf_counter()
@@ -248,7 +248,6 @@ class Trainer:
         """Add one step's figures to the speed measurement ``m``."""
         m["samples"] += samples
         m["compute_s"] += compute_s
-        m["throttled_s"] += throttled_s
         if throttled_s < 1e-4:  # not held back by the quota: compute time is pure CPU time
             m["clean_samples"] += samples
             m["clean_s"] += compute_s
@@ -312,7 +311,7 @@ class Trainer:
         window = max(1, t.rebalance_every_steps or self.args.window)
         per_rank: dict[str, float] = {"compute_s": 0.0, "wait_s": 0.0, "input_s": 0.0, "samples": 0.0}
         totals = {"compute_s": 0.0, "wait_s": 0.0, "input_s": 0.0, "samples": 0.0, "step_s": 0.0}
-        measured = dict.fromkeys(("samples", "compute_s", "throttled_s", "clean_samples", "clean_s", "seconds"), 0.0)
+        measured = dict.fromkeys(("samples", "compute_s", "clean_samples", "clean_s", "seconds"), 0.0)
         last_stats = [float("nan"), float("nan")]
         history: list[dict] = []
         inputs = RankInput(self.x, self.y, self.shape)  # one prefetching pipeline for the run
