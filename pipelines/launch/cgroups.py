@@ -149,7 +149,6 @@ def threads_for(cpu_share: float, cpus: list[int] | None) -> int:
     return n
 
 
-
 def own_cpu_group(proc_cgroup: str = "/proc/self/cgroup", root: Path = CGROUP_ROOT) -> tuple[int, Path] | None:
     """``(version, folder)`` of this process's CPU cgroup (a local rank's, or a pod's container's)."""
     try:
@@ -171,24 +170,6 @@ def own_cpu_group(proc_cgroup: str = "/proc/self/cgroup", root: Path = CGROUP_RO
     return None
 
 
-def throttled_seconds(group: tuple[int, Path] | None = None) -> float | None:
-    """Seconds this process's CPU cgroup has been throttled by its quota so far, or None
-    (cgroup v1 ``cpu.stat`` ``throttled_time`` in ns, v2 ``throttled_usec``)."""
-    group = group or own_cpu_group()
-    if group is None:
-        return None
-    version, folder = group
-    key, scale = ("throttled_time", 1e-9) if version == 1 else ("throttled_usec", 1e-6)
-    try:
-        for row in (folder / "cpu.stat").read_text().splitlines():
-            name, _, value = row.partition(" ")
-            if name == key:
-                return int(value) * scale
-    except OSError:
-        return None
-    return None
-
-
 def cpu_quota_cores(group: tuple[int, Path] | None = None) -> float | None:
     """This process's current CPU quota in cores (0.4 for 40%), or None when unlimited/unknown.
     Read at every measurement, so a quota changed during a run is seen."""
@@ -201,7 +182,7 @@ def cpu_quota_cores(group: tuple[int, Path] | None = None) -> float | None:
             quota = int((folder / "cpu.cfs_quota_us").read_text())
             period = int((folder / "cpu.cfs_period_us").read_text())
         else:
-            q, _, per = (folder / "cpu.max").read_text().split()[:2] + [""]
+            q, per = (folder / "cpu.max").read_text().split()[:2]  # "40000 100000" or "max 100000"
             if q == "max":
                 return None
             quota, period = int(q), int(per)

@@ -10,6 +10,8 @@ from pipelines.launch.cgroups import (
     GROUP_PREFIX,
     PERIOD_US,
     CpuLimiter,
+    cpu_quota_cores,
+    own_cpu_group,
     period_for,
     quota_us,
 )
@@ -66,6 +68,37 @@ def test_v1_full_core_device_has_no_quota(tmp_path):
     os.sched_setaffinity(0, set(range(os.cpu_count() or 1)))  # undo the pinning of the test process
     group = tmp_path / "cpu" / GROUP_PREFIX / "job3" / "rank0"
     assert (group / "cpu.cfs_quota_us").read_text() == "-1"
+
+
+def test_a_rank_reads_its_own_quota_v1(tmp_path):
+    """What the trainer reads to turn CPU time into speed: its cgroup's current quota in cores."""
+    limiter = CpuLimiter("job5", root=fake_v1(tmp_path))
+    limiter.limit(os.getpid(), "rank1", 0.4)
+    proc = tmp_path / "proc-cgroup"
+    proc.write_text(f"12:cpuset:/\n4:cpu:/{GROUP_PREFIX}/job5/rank1\n3:cpuacct:/\n")
+    (tmp_path / "cpu" / GROUP_PREFIX / "job5" / "rank1" / "cpu.stat").write_text("nr_periods 0\n")
+    group = own_cpu_group(str(proc), root=tmp_path)
+    assert group == (1, tmp_path / "cpu" / GROUP_PREFIX / "job5" / "rank1")
+    assert cpu_quota_cores(group) == pytest.approx(0.4)
+    limiter.set_share("rank1", 0.25)  # changed during the run: the next reading sees it
+    assert cpu_quota_cores(group) == pytest.approx(0.25)
+    (group[1] / "cpu.cfs_quota_us").write_text("-1")
+    assert cpu_quota_cores(group) is None  # unlimited
+
+
+def test_a_rank_reads_its_own_quota_v2(tmp_path):
+    folder = tmp_path / "kubepods" / "pod1" / "ctr"
+    folder.mkdir(parents=True)
+    (folder / "cpu.stat").write_text("usage_usec 0\n")
+    (folder / "cpu.max").write_text("40000 100000\n")  # a pod with limits.cpu: 400m
+    proc = tmp_path / "proc-cgroup"
+    proc.write_text("0::/kubepods/pod1/ctr\n")
+    group = own_cpu_group(str(proc), root=tmp_path)
+    assert group == (2, folder)
+    assert cpu_quota_cores(group) == pytest.approx(0.4)
+    (folder / "cpu.max").write_text("max 100000\n")
+    assert cpu_quota_cores(group) is None
+    assert own_cpu_group(str(tmp_path / "missing"), root=tmp_path) is None
 
 
 def test_v2_writes_cpu_max(tmp_path):
