@@ -130,10 +130,13 @@ class TrainingSpec(_Strict):
     seed: int = Field(42, description="Seed for shuffling, initialisation and the held-out split.")
     checkpoint_every_steps: int = Field(200, ge=1, description="Rank 0 saves a checkpoint this often (and at each epoch end).")
     rebalance_every_steps: int = Field(
-        0, ge=0, description="Re-allocate batches every K steps when speeds drift (0: at epoch boundaries only)."
+        0,
+        ge=0,
+        description="Re-allocate batches every K steps when speeds drift (0: at epoch boundaries, after a "
+        "first check as soon as the first seconds of steps are measured).",
     )
     rebalance_threshold: float = Field(
-        0.10, gt=0, lt=1, description="Re-balance when a rank's measured share drifts by more than this fraction."
+        0.05, gt=0, lt=1, description="Re-balance when a rank's measured share drifts by more than this fraction."
     )
 
     @field_validator("global_batch")

@@ -10,6 +10,7 @@ With ranks i = 1..N, local batches b_i and global batch B = sum(b_i):
   ranks' gradients equal the gradient of the mean loss over the global batch;
 * :func:`epoch_steps` splits one epoch's shuffled rows into per-rank, per-step slices so every
   rank runs the same number of steps and all ranks together see every row exactly once;
+* :func:`sustained_rate` turns what a rank measured over some steps into the speed it can keep up;
 * :func:`drifted` decides when measured speeds moved enough to re-allocate, and :func:`damped`
   halves a re-allocation that would undo the previous one.
 """
@@ -184,6 +185,28 @@ def split_proportional(total: int, weights: Sequence[int | float]) -> list[int]:
     for i in sorted(range(len(raw)), key=lambda i: raw[i] - out[i], reverse=True)[: total - sum(out)]:
         out[i] += 1
     return out
+
+
+def sustained_rate(samples: float, busy_s: float, cpu_s: float, quota_cores: float | None = None) -> float:
+    """Samples per second a rank can keep up, from what it measured over a span of steps.
+
+    ``busy_s`` is the rank's wall time at work (its steps' time less the time it waited for the
+    other ranks in the allreduce) and ``cpu_s`` the CPU time its process used meanwhile, every
+    thread counted: the forward and backward pass, launching the step, handing over the input,
+    its part of the allreduce.  A CPU quota of ``quota_cores`` lets a rank run at full speed until
+    the quota of the period is spent and then stops it, so a short burst can look fast; over time
+    it gets no more than ``quota_cores`` CPU-seconds a second and needs at least
+    ``cpu_s / quota_cores`` of wall time for that work.  The per-step costs outside the forward and
+    backward pass are in ``cpu_s`` too: a quota stretches them as much as the compute, and at a
+    small batch they can be a good part of a slow rank's step.  Without a quota (a GPU, whole
+    cores) the busy wall time is the measure.
+    """
+    if samples <= 0:
+        raise ValueError(f"no samples measured ({samples})")
+    seconds = busy_s
+    if quota_cores is not None and quota_cores > 0:
+        seconds = max(seconds, cpu_s / quota_cores)
+    return samples / max(seconds, 1e-9)
 
 
 def drifted(current: Sequence[int], throughputs: Sequence[float], threshold: float) -> bool:

@@ -92,12 +92,14 @@ class Trainer:
 
         self.args, self.hvd, self.tf, self.np = args, hvd, tf, np
         self.rank, self.size = hvd.rank(), hvd.size()
-        from pipelines.launch.cgroups import cpu_quota_cores, own_cpu_group, throttled_seconds
+        from pipelines.launch.cgroups import cpu_quota_cores, own_cpu_group
 
         group = own_cpu_group()  # this rank's cgroup (local) or its container's (pod)
-        self._throttled = lambda: throttled_seconds(group)  # time the quota held the rank back
-        self._quota = lambda: cpu_quota_cores(group) or float(os.environ.get("HETERO_CPU_SHARE", "0") or 0)
-        self._threads = int(os.environ.get("HETERO_CPU_THREADS", "0") or 0)
+        if group is not None:  # read at every measurement: a quota may change during the run
+            self._quota = lambda: cpu_quota_cores(group)
+        else:  # no cgroup to read: the launcher's word for the CPU limit
+            share = float(os.environ.get("HETERO_CPU_SHARE", "0") or 0)
+            self._quota = lambda: share or None
         self.spec = load_spec(args.spec)
         self.run_dir = RunDir(args.run_dir)
         self.out = Path(args.out) if args.out else self.run_dir.root / "train"
@@ -196,7 +198,9 @@ class Trainer:
         @tf.function(input_signature=[spec_x, spec_y, scalar], reduce_retracing=True)
         def compute(x, y, step_batch):
             """Forward and backward only (calibration)."""
-            return forward_backward(x, y, step_batch)[1]
+            grads, stats = forward_backward(x, y, step_batch)
+            # Return something of every gradient, or the graph would prune the backward pass.
+            return stats, tf.add_n([tf.reduce_sum(g) for g in grads])
 
         @tf.function(input_signature=[spec_x, spec_y, scalar, scalar], reduce_retracing=True)
         def train_step(x, y, step_batch, lr):
@@ -223,54 +227,21 @@ class Trainer:
     def calibrate(self) -> list[float]:
         """Every rank times forward+backward at its batch; returns all ranks' samples/s."""
         tf, np = self.tf, self.np
+        from pipelines.train.balance import sustained_rate
+
         b = max(1, self.batches[self.rank])
         idx = np.arange(b) % len(self.y)
         x = tf.constant(self.x[idx].reshape((-1, *self.shape)))
         y = tf.constant(self.y[idx])
         batch = tf.constant(float(b))
-        self._compute(x, y, batch).numpy()  # warm-up: trace and allocate
+        self._compute(x, y, batch)[1].numpy()  # warm-up: trace and allocate
         # Time several CPU-quota periods (100 ms each), not a burst that fits inside one.
-        m = dict.fromkeys(("samples", "compute_s", "clean_samples", "clean_s"), 0.0)
-        steps, t0 = 0, time.perf_counter()
+        steps, t0, cpu0 = 0, time.perf_counter(), time.process_time()
         while steps < self.args.probe_steps or time.perf_counter() - t0 < self.args.probe_seconds:
-            th0, t1 = self._throttled(), time.perf_counter()
-            self._compute(x, y, batch).numpy()
-            self._account(m, b, time.perf_counter() - t1, self._since(th0))
+            self._compute(x, y, batch)[1].numpy()
             steps += 1
-        return self.gather([self.sustained_rate(m)])[:, 0].tolist()
-
-    def _since(self, start: float | None) -> float:
-        now = self._throttled()
-        return 0.0 if start is None or now is None else now - start
-
-    @staticmethod
-    def _account(m: dict, samples: float, compute_s: float, throttled_s: float) -> None:
-        """Add one step's figures to the speed measurement ``m``."""
-        m["samples"] += samples
-        m["compute_s"] += compute_s
-        if throttled_s < 1e-4:  # not held back by the quota: compute time is pure CPU time
-            m["clean_samples"] += samples
-            m["clean_s"] += compute_s
-
-    def sustained_rate(self, m: dict) -> float:
-        """Samples per second this rank can keep up.
-
-        Under a CPU quota with a long CFS period (the kubelet's 100 ms) a short step may run at full
-        speed and the throttling lands later, often while the rank waits in the allreduce, so the
-        wall time of such a step overstates the rank's speed.  Steps that were never throttled
-        measure the compute's CPU time per sample; spread over the CPU the rank may use, that gives
-        its sustained speed.  When most steps were throttled (a short period, or steps longer than
-        one), their wall time already holds the throttling and is the sustained speed.  On a GPU or
-        an unlimited CPU every step is clean and this is plain compute time.
-        """
-        if m["clean_samples"] > 0 and m["clean_s"] > 0 and m["clean_samples"] >= m["samples"] / 3:
-            per_sample = m["clean_s"] / m["clean_samples"]
-            quota = self._quota()  # read now: a quota may change during the run
-            allowed = min(quota, self._threads) if quota and self._threads else quota
-            if 0 < allowed < 1:
-                per_sample /= allowed
-            return 1.0 / per_sample
-        return m["samples"] / max(m["compute_s"], 1e-9)
+        rate = sustained_rate(b * steps, time.perf_counter() - t0, time.process_time() - cpu0, self._quota())
+        return self.gather([rate])[:, 0].tolist()
 
     def gather(self, values: list[float]):
         """All ranks' figures as an array [size, len(values)] (same on every rank)."""
@@ -279,7 +250,14 @@ class Trainer:
 
     def fit(self) -> dict:
         from pipelines.data.reader import RankInput, epoch_permutation
-        from pipelines.train.balance import allocate, damped, drifted, epoch_steps, scheduled_lr
+        from pipelines.train.balance import (
+            allocate,
+            damped,
+            drifted,
+            epoch_steps,
+            scheduled_lr,
+            sustained_rate,
+        )
 
         tf, hvd = self.tf, self.hvd
         t = self.spec.training
@@ -311,7 +289,8 @@ class Trainer:
         window = max(1, t.rebalance_every_steps or self.args.window)
         per_rank: dict[str, float] = {"compute_s": 0.0, "wait_s": 0.0, "input_s": 0.0, "samples": 0.0}
         totals = {"compute_s": 0.0, "wait_s": 0.0, "input_s": 0.0, "samples": 0.0, "step_s": 0.0}
-        measured = dict.fromkeys(("samples", "compute_s", "clean_samples", "clean_s", "seconds"), 0.0)
+        measured = dict.fromkeys(("samples", "busy_s", "cpu_s", "seconds"), 0.0)
+        checked = False  # no re-balance decision yet in this process
         last_stats = [float("nan"), float("nan")]
         history: list[dict] = []
         inputs = RankInput(self.x, self.y, self.shape)  # one prefetching pipeline for the run
@@ -327,15 +306,13 @@ class Trainer:
                     # A segment: up to `window` steps with the current batches over the rows left.
                     plan_steps = epoch_steps(n - pos, self.batches)[:window]
                     mine = [type(s[self.rank])(s[self.rank].start + pos, s[self.rank].stop + pos) for s in plan_steps]
-                    seg_t0 = time.perf_counter()
+                    seg_t0, seg_cpu0 = time.perf_counter(), time.process_time()
                     inputs.feed(order, mine)
                     for i in range(len(plan_steps)):
                         x, y = inputs.next()
                         sizes = [sl.size for sl in plan_steps[i]]
                         lr = scheduled_lr(step, self.base_lr, warmup_steps, total_steps, t.lr_schedule)
-                        th0 = self._throttled()
                         stats, compute_s, wait_s = self._train_step(x, y, tf.constant(float(sum(sizes))), tf.constant(lr, tf.float32))
-                        throttled = self._since(th0)
                         reduced = stats.numpy()
                         if not math.isfinite(float(reduced[0])):
                             # Every rank sees the same reduced loss, so all stop at the same step.
@@ -345,8 +322,6 @@ class Trainer:
                             )
                         last_stats = [float(reduced[0]), float(reduced[1])]
                         per_rank["compute_s"] += float(compute_s)
-                        if history:  # the first window also traces the graph: not a speed measurement
-                            self._account(measured, sizes[self.rank], float(compute_s), throttled)
                         per_rank["wait_s"] += float(wait_s)
                         per_rank["samples"] += sizes[self.rank]
                         step += 1
@@ -359,11 +334,15 @@ class Trainer:
                             self.pos_var.assign(pos)
                             self.epoch_var.assign(epoch)
                             self.manager.save(checkpoint_number=step)
-                    seg_s = time.perf_counter() - seg_t0
+                    seg_s, seg_cpu = time.perf_counter() - seg_t0, time.process_time() - seg_cpu0
                     per_rank["input_s"] = inputs.take_wait()
+                    if history:  # the first window also traces the graph: not a speed measurement
+                        measured["samples"] += per_rank["samples"]
+                        measured["busy_s"] += seg_s - per_rank["wait_s"]  # at work, not waiting for others
+                        measured["cpu_s"] += seg_cpu
                     # Speed since the last re-balance decision: windows of a few steps are shorter than a
                     # CPU-quota period (100 ms), so decisions use at least --measure-seconds of them.
-                    rate = self.sustained_rate(measured)
+                    rate = sustained_rate(measured["samples"], measured["busy_s"], measured["cpu_s"], self._quota()) if measured["samples"] else 0.0
                     # Share the window's figures; every rank gets the same array.
                     figs = self.gather([per_rank["compute_s"], per_rank["wait_s"], per_rank["input_s"], per_rank["samples"], seg_s, rate])
                     for k, col in (("compute_s", 0), ("wait_s", 1), ("input_s", 2), ("samples", 3)):
@@ -376,12 +355,15 @@ class Trainer:
                     if writer is not None:
                         self._write_events(writer, step, record)
                     per_rank = dict.fromkeys(per_rank, 0.0)
-                    # At an epoch boundary (or every K steps), once enough has been measured.
-                    due = measured["seconds"] >= self.args.measure_seconds and (pos >= n or t.rebalance_every_steps)
+                    # Once enough has been measured: first as soon as that is (calibration timed the
+                    # forward and backward pass alone; real steps also show each rank's fixed per-step
+                    # costs), then at epoch boundaries (or every K steps).
+                    due = measured["seconds"] >= self.args.measure_seconds and (pos >= n or t.rebalance_every_steps or not checked)
                     if not self.args.no_balance and due:
                         # Re-balance if measured speeds drifted (B stays fixed); every rank decides the same.
                         rates = figs[:, 5].tolist()
                         measured = dict.fromkeys(measured, 0.0)
+                        checked = True
                         if drifted(self.batches, rates, t.rebalance_threshold):
                             target = allocate(rates, self.global_batch, self.caps)
                             new = damped(self.batches, target, rebalances[-1]["old"] if rebalances else None)

@@ -17,6 +17,7 @@ from pipelines.train.balance import (
     scaled_learning_rate,
     scheduled_lr,
     split_proportional,
+    sustained_rate,
     warmup_lr,
 )
 
@@ -112,6 +113,32 @@ def test_split_and_schedule_helpers():
     assert scheduled_lr(54, 1.0, 4, 104, "constant") == 1.0
     with pytest.raises(ValueError, match="schedule"):
         scheduled_lr(5, 1.0, 0, 10, "step")
+
+
+def test_sustained_rate_without_a_quota_is_busy_wall_time():
+    # 1,000 samples in 0.5 s of work; CPU time does not matter without a quota (a GPU, whole cores).
+    assert sustained_rate(1000, 0.5, 0.3, None) == pytest.approx(2000)
+    assert sustained_rate(1000, 0.5, 5.0, None) == pytest.approx(2000)
+
+
+def test_sustained_rate_under_a_quota_spreads_all_cpu_over_the_quota():
+    # A 40% quota: 0.3 CPU-seconds need 0.75 s of wall time over time, even if the steps ran in
+    # short full-speed bursts that took 0.5 s of busy wall time.
+    assert sustained_rate(1000, 0.5, 0.3, 0.4) == pytest.approx(1000 / 0.75)
+    # Fixed per-step CPU (launching the step, the input, the allreduce) counts like compute: the
+    # same compute with 0.1 CPU-s more of per-step costs is a slower rank.
+    assert sustained_rate(1000, 0.5, 0.4, 0.4) < sustained_rate(1000, 0.5, 0.3, 0.4)
+    # When the wall time is the longer (waiting on a slow input, say), it is the measure.
+    assert sustained_rate(1000, 2.0, 0.3, 0.4) == pytest.approx(500)
+    # So the allocation gives a quota-limited rank the share its whole step costs allow: a full
+    # rank doing 1,000 samples/s and a 40% rank whose 400 samples take 0.3 CPU-s of compute and
+    # 0.1 CPU-s of per-step costs (1 s of wall time) split 1,400 as 1,000 : 400, not the
+    # 1,000 : 533 that its compute alone would suggest.
+    fast = sustained_rate(1000, 1.0, 1.0, None)
+    slow = sustained_rate(400, 0.4, 0.4, 0.4)
+    assert allocate([fast, slow], 1400) == [1000, 400]
+    with pytest.raises(ValueError, match="no samples"):
+        sustained_rate(0, 1.0, 1.0, None)
 
 
 def test_drift_detection():

@@ -108,9 +108,16 @@ def test_rebalancing_settles_after_one_speed_change(slowed):
     windows = len(s["history"])
     assert len(events) <= max(5, windows // 4), [(e["step"], e["new"]) for e in events]
     # Where it ends depends on fixed per-step costs as well as on speed: under a 25% quota the
-    # slow rank's per-step overhead alone can exceed the fast rank's whole step at this small B.
+    # slow rank's per-step overhead alone can exceed the fast rank's whole step at this small B,
+    # and then each re-balance moves it part of the way down to a batch of one.
     ones = [before[1]] + [e["new"][1] for e in events]
-    # After the first correction only small adjustments follow (measurement jitter), no swings.
-    later = [abs(b - a) for a, b in zip(ones[1:], ones[2:], strict=False)]
-    assert all(d <= max(4, GB // 10) for d in later), (before, [(e["step"], e["new"]) for e in events])
+    moves = [b - a for a, b in zip(ones, ones[1:], strict=False)]
+    where = (before, [(e["step"], e["new"]) for e in events])
+    # The biggest move answers the slow-down: it takes samples away from rank 1 ...
+    big = max(range(len(moves)), key=lambda k: abs(moves[k]))
+    assert moves[big] < 0, where
+    # ... and from there it settles: the moves shrink, with no swing back up beyond jitter.
+    for earlier, later in zip(moves[big:], moves[big + 1 :], strict=False):
+        assert abs(later) <= abs(earlier) + 2, where
+        assert later <= 2, where
     assert ones[-1] < before[1]
