@@ -2,15 +2,19 @@
 
 Run in the trainer environment::
 
-    .venv-trainer/bin/python bench/hetero.py [--global-batch 512] [--steps 40] [--rounds 3]
+    .venv-trainer/bin/python bench/hetero.py [--global-batch 512] [--steps 80] [--rounds 3]
 
 Every configuration runs the real trainer as real Horovod ranks through the local launcher: a
 fast device (core 1, a full core) and a slow one (core 0, 40% CPU quota through cgroups, with the
 kubelet's 100 ms CFS period unless ``--slow-period-ms`` says otherwise).  Throughput is samples per second over the steady-state
-steps (the first ones, with graph tracing and calibration, are left out).  Each round runs the six
-configurations back to back and then in reverse order, and averages the two runs of each, so a
-steady drift of the machine's speed over the round cancels (it drifts by 10-20% between minutes);
-every round gives its own ratios and the figures are the medians over rounds.  Ends with one JSON line:
+steps (the first ones, with graph tracing, are left out).  Each round first lets the trainer choose
+the balanced batches as it does in a real run (calibration, then re-balancing on measured steps,
+``--tune-steps``); then it runs the six configurations with fixed batches back to back and then in
+reverse order, and averages the two runs of each, so a steady drift of the machine's speed over the
+round cancels (it drifts by 10-20% between minutes); every round gives its own ratios and the
+figures are the medians over rounds.  The sample task has 60,000 training rows by default (the size
+of MNIST), so an epoch is over a hundred steps long as in real training and no epoch-end checkpoint
+falls in the measured steps.  Ends with one JSON line:
 ``{"balanced_vs_equal", "balanced_vs_ideal", "scaling_efficiency", "speed_ratio", ...}``.
 """
 
@@ -59,11 +63,12 @@ def write_spec(run: Path, global_batch: int, epochs: int) -> Path:
     return path
 
 
-def measure(run: Path, name: str, profiles: list[Profile], batches: list[int] | None, args) -> dict:
-    """Train ``args.warmup + args.steps`` steps; samples/s over the steps after the warm-up."""
+def measure(run: Path, name: str, profiles: list[Profile], batches: list[int] | None, args, steps: int | None = None) -> dict:
+    """Train ``args.warmup + steps`` steps (``args.steps`` by default); samples/s over the steps
+    after the warm-up.  ``batches=None`` lets the trainer calibrate and re-balance."""
     out = run / f"out-{name}"
     shutil.rmtree(out, ignore_errors=True)
-    extra = ["--out", str(out), "--window", str(args.window), "--max-steps", str(args.warmup + args.steps),
+    extra = ["--out", str(out), "--window", str(args.window), "--max-steps", str(args.warmup + (steps or args.steps)),
              "--global-batch", str(sum(batches) if batches else args.global_batch)]
     if batches is not None:
         plan = {"global_batch": sum(batches), "ranks": [{"rank": i, "device": p.device, "batch": b}
@@ -86,6 +91,7 @@ def measure(run: Path, name: str, profiles: list[Profile], batches: list[int] | 
     return {
         "samples_per_sec": samples / seconds,
         "batches": steady[-1]["batches"] if steady else None,
+        "rebalances": len(summary["rebalance_events"]),
         "steps": sum(1 for _ in steady) and steady[-1]["step"] - args.warmup,
         "compute_frac": [c / seconds for c in compute],
         "wait_frac": [w / seconds for w in wait],
@@ -121,14 +127,16 @@ def figures_of(r: dict) -> dict:
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--global-batch", type=int, default=512, help="global batch B (default: %(default)s)")
-    p.add_argument("--steps", type=int, default=40, help="measured steps per configuration (default: %(default)s)")
+    p.add_argument("--steps", type=int, default=80, help="measured steps per configuration (default: %(default)s)")
     p.add_argument("--warmup", type=int, default=10, help="steps left out at the start (default: %(default)s)")
     p.add_argument("--window", type=int, default=10, help="steps per measurement window (default: %(default)s)")
     p.add_argument("--no-reverse", dest="reverse", action="store_false",
                    help="run each round's configurations once, not forward and then in reverse order")
     p.add_argument("--rounds", type=int, default=3,
                    help="rounds of all configurations, interleaved; figures are medians over rounds (default: %(default)s)")
-    p.add_argument("--rows", type=int, default=8000, help="training rows (default: %(default)s)")
+    p.add_argument("--tune-steps", type=int, default=150,
+                   help="steps of the run in which the trainer chooses the balanced batches (default: %(default)s)")
+    p.add_argument("--rows", type=int, default=60000, help="training rows (default: %(default)s)")
     p.add_argument("--slow-share", type=float, default=0.4, help="CPU quota of the slow device (default: %(default)s)")
     p.add_argument("--slow-period-ms", type=float, default=100.0,
                    help="CFS period of the slow device's quota (default: %(default)s, the kubelet's)")
@@ -141,7 +149,7 @@ def main() -> int:
     work = Path(tempfile.mkdtemp(prefix="bench-hetero-"))
     try:
         run = prepare(work, args.rows, seed=0)
-        steps_needed = args.warmup + args.steps
+        steps_needed = args.warmup + max(args.steps, args.tune_steps)
         epochs = max(1, -(-steps_needed * args.global_batch // int(args.rows * 0.95)))
         write_spec(run, args.global_batch, epochs)
         B = args.global_batch
@@ -153,10 +161,12 @@ def main() -> int:
         # each round gives its own ratios, and the figures are medians over rounds.
         for k in range(args.rounds):
             runs: dict[str, list[dict]] = {}
-            first = measure(run, "balanced", [fast, slow], None, args)
-            b_fast, b_slow = first["batches"]
+            tuned = measure(run, "tune", [fast, slow], None, args, steps=args.tune_steps)
+            b_fast, b_slow = tuned["batches"]
+            print(f"round {k + 1}: the trainer chose {tuned['batches']} ({tuned['rebalances']} re-balance(s) after calibration)",
+                  file=sys.stderr)
             setups = {
-                "balanced": ([fast, slow], None),
+                "balanced": ([fast, slow], [b_fast, b_slow]),
                 "equal": ([fast, slow], half),
                 "fast_alone": ([fast], [b_fast]),
                 "slow_alone": ([slow], [b_slow]),
@@ -164,8 +174,7 @@ def main() -> int:
                 "two_full": ([fast, other_full], half),
             }
             order = list(CONFIGS) + list(reversed(CONFIGS)) if args.reverse else list(CONFIGS)
-            runs["balanced"] = [first]
-            for name in order[1:]:
+            for name in order:
                 profiles, batches = setups[name]
                 runs.setdefault(name, []).append(measure(run, name, profiles, batches, args))
             r = {name: combined(results) for name, results in runs.items()}
