@@ -9,13 +9,19 @@ fast device (core 1, a full core) and a slow one (core 0, 40% CPU quota through 
 kubelet's 100 ms CFS period unless ``--slow-period-ms`` says otherwise).  Throughput is samples per second over the steady-state
 steps (the first ones, with graph tracing, are left out).  Each round first lets the trainer choose
 the balanced batches as it does in a real run (calibration, then re-balancing on measured steps,
-``--tune-steps``); then it runs the six configurations with fixed batches back to back and then in
+``--tune-steps``); then it runs the seven configurations with fixed batches back to back and then in
 reverse order, and averages the two runs of each, so a steady drift of the machine's speed over the
 round cancels (it drifts by 10-20% between minutes); every round gives its own ratios and the
 figures are the medians over rounds.  The sample task has 60,000 training rows by default (the size
 of MNIST), so an epoch is over a hundred steps long as in real training and no epoch-end checkpoint
 falls in the measured steps.  Ends with one JSON line:
 ``{"balanced_vs_equal", "balanced_vs_ideal", "scaling_efficiency", "speed_ratio", ...}``.
+
+``balanced_vs_ideal`` divides by the standalone throughputs measured one after the other, each rank
+alone on an otherwise idle machine.  The line also carries ``balanced_vs_side_by_side``: the same
+ratio with both standalone ranks training at the same time as two independent jobs.  Where the two
+cores slow each other when both are busy, the second is the higher; where they do not, both say
+what synchronous training itself costs (the allreduce, and each step waiting for the slower rank).
 """
 
 from __future__ import annotations
@@ -28,6 +34,7 @@ import shutil
 import statistics
 import sys
 import tempfile
+import threading
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -100,7 +107,37 @@ def measure(run: Path, name: str, profiles: list[Profile], batches: list[int] | 
     }
 
 
-CONFIGS = ("balanced", "equal", "fast_alone", "slow_alone", "one_full", "two_full")
+CONFIGS = ("balanced", "equal", "fast_alone", "slow_alone", "both_alone", "one_full", "two_full")
+
+
+def measure_side_by_side(run: Path, jobs: dict[str, tuple[list[Profile], list[int]]], args) -> dict:
+    """Several independent Horovod jobs at the same time (one thread each); one result whose
+    throughput is their sum and whose per-rank figures list the jobs' ranks in order."""
+    results: dict[str, dict] = {}
+    errors: list[BaseException] = []
+
+    def one(name: str) -> None:
+        try:
+            results[name] = measure(run, name, *jobs[name], args)
+        except BaseException as e:  # re-raised below in the calling thread
+            errors.append(e)
+
+    threads = [threading.Thread(target=one, args=(name,)) for name in jobs]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if errors:
+        raise errors[0]
+    parts = [results[name] for name in jobs]
+    return {
+        "samples_per_sec": sum(r["samples_per_sec"] for r in parts),
+        "batches": [b for r in parts for b in r["batches"]],
+        "rebalances": 0,
+        "steps": min(r["steps"] for r in parts),
+        **{k: [x for r in parts for x in r[k]] for k in ("compute_frac", "wait_frac", "input_frac")},
+        "quota_enforced": all(r["quota_enforced"] for r in parts),
+    }
 
 
 def combined(results: list[dict]) -> dict:
@@ -117,6 +154,9 @@ def figures_of(r: dict) -> dict:
     return {
         "balanced_vs_equal": r["balanced"]["samples_per_sec"] / r["equal"]["samples_per_sec"],
         "balanced_vs_ideal": r["balanced"]["samples_per_sec"] / ideal,
+        # the same ideal with both ranks training at the same time as two independent jobs: what is
+        # left is what synchronous training costs, without the two vCPUs slowing each other
+        "balanced_vs_side_by_side": r["balanced"]["samples_per_sec"] / r["both_alone"]["samples_per_sec"],
         # weak scaling: two full-core ranks at B/2 each against one at B/2
         "scaling_efficiency": r["two_full"]["samples_per_sec"] / (2 * r["one_full"]["samples_per_sec"]),
         # slow / fast standalone throughput (each at its balanced local batch)
@@ -155,7 +195,7 @@ def main() -> int:
         B = args.global_batch
         half = [B // 2, B - B // 2]
         rounds = []
-        # The machine's speed drifts (a shared host). Every round runs the six configurations back
+        # The machine's speed drifts (a shared host). Every round runs the seven configurations back
         # to back and then again in reverse order (A B C ... C B A), so a drift that is steady over
         # the round adds the same to both runs of each configuration and cancels in the ratios;
         # each round gives its own ratios, and the figures are medians over rounds.
@@ -170,13 +210,17 @@ def main() -> int:
                 "equal": ([fast, slow], half),
                 "fast_alone": ([fast], [b_fast]),
                 "slow_alone": ([slow], [b_slow]),
+                "both_alone": None,  # fast_alone and slow_alone at the same time
                 "one_full": ([fast], [half[0]]),
                 "two_full": ([fast, other_full], half),
             }
             order = list(CONFIGS) + list(reversed(CONFIGS)) if args.reverse else list(CONFIGS)
             for name in order:
-                profiles, batches = setups[name]
-                runs.setdefault(name, []).append(measure(run, name, profiles, batches, args))
+                if name == "both_alone":
+                    jobs = {"side_fast": setups["fast_alone"], "side_slow": setups["slow_alone"]}
+                    runs.setdefault(name, []).append(measure_side_by_side(run, jobs, args))
+                else:
+                    runs.setdefault(name, []).append(measure(run, name, *setups[name], args))
             r = {name: combined(results) for name, results in runs.items()}
             rounds.append(r)
             print(f"round {k + 1}: " + json.dumps({n: round(v, 3) for n, v in figures_of(r).items()}), file=sys.stderr)
