@@ -210,13 +210,12 @@ def main() -> int:
                 "equal": ([fast, slow], half),
                 "fast_alone": ([fast], [b_fast]),
                 "slow_alone": ([slow], [b_slow]),
-                "both_alone": None,  # fast_alone and slow_alone at the same time
                 "one_full": ([fast], [half[0]]),
                 "two_full": ([fast, other_full], half),
             }
             order = list(CONFIGS) + list(reversed(CONFIGS)) if args.reverse else list(CONFIGS)
             for name in order:
-                if name == "both_alone":
+                if name == "both_alone":  # fast_alone and slow_alone at the same time
                     jobs = {"side_fast": setups["fast_alone"], "side_slow": setups["slow_alone"]}
                     runs.setdefault(name, []).append(measure_side_by_side(run, jobs, args))
                 else:
