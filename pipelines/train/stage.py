@@ -57,5 +57,7 @@ def run(spec: JobSpec, run_dir: RunDir, ctx: StageContext) -> dict:
     summary["input_key"] = key
     summary["quota_enforced"] = result.quota_enforced
     summary["launcher_seconds"] = result.seconds
-    summary.pop("history", None)  # per-window records stay in train/summary.json, out of XCom
+    # per-window records and per-save times stay in train/summary.json, out of XCom
+    summary.pop("history", None)
+    summary.pop("checkpoint_saves", None)
     return summary

@@ -151,6 +151,7 @@ class Trainer:
         )
         self.ckpt_dir = self.out / "checkpoints"
         self.manager = tf.train.CheckpointManager(self.ckpt, str(self.ckpt_dir), max_to_keep=3)
+        self.saves: list[dict] = []
         self._build_functions()
 
     # ------------------------------------------------------------------------------ set-up
@@ -333,7 +334,7 @@ class Trainer:
                         if self.rank == 0 and step % t.checkpoint_every_steps == 0:
                             self.pos_var.assign(pos)
                             self.epoch_var.assign(epoch)
-                            self.manager.save(checkpoint_number=step)
+                            self._save(step)
                     seg_s, seg_cpu = time.perf_counter() - seg_t0, time.process_time() - seg_cpu0
                     per_rank["input_s"] = inputs.take_wait()
                     if history:  # the first window also traces the graph: not a speed measurement
@@ -382,17 +383,17 @@ class Trainer:
                 self.pos_var.assign(0)
                 self.epoch_var.assign(epoch + 1)
                 if self.rank == 0:
-                    self.manager.save(checkpoint_number=step)  # end of epoch
+                    self._save(step)  # end of epoch
                     log.info("epoch %d done: loss %.4f accuracy %.4f step %d", epoch, last_stats[0], last_stats[1], step)
 
         finally:
             inputs.close()  # ends the input generator, also when a rank fails
 
         train_s = time.time() - started
+        if self.rank == 0 and (done or self.manager.latest_checkpoint is None):
+            self._save(step)
         summary = self._summary(history, totals, rebalances, last_stats, step, resumed_from, train_s)
         if self.rank == 0:
-            if done or self.manager.latest_checkpoint is None:
-                self.manager.save(checkpoint_number=step)
             self._export()
             writer.flush()
             from pipelines.rundir import write_json
@@ -400,6 +401,12 @@ class Trainer:
             write_json(self.out / "summary.json", summary)
             log.info("training done in %.1fs: %s", train_s, {k: summary[k] for k in ("samples_per_sec", "final_loss")})
         return summary
+
+    def _save(self, step: int) -> None:
+        """Rank 0 writes a checkpoint; the time it takes (every rank waits for it) goes in the result."""
+        t0 = time.perf_counter()
+        self.manager.save(checkpoint_number=step)
+        self.saves.append({"step": step, "seconds": time.perf_counter() - t0})
 
     def _discard_checkpoints_from(self, step: int) -> str | None:
         """After a non-finite loss at ``step``: the checkpoint of ``step`` holds the weights that
@@ -497,6 +504,8 @@ class Trainer:
             "saved_model": str(self.out / "saved_model"),
             "events_dir": str(self.out / "events"),
             "checkpoint_dir": str(self.ckpt_dir),
+            "checkpoint_saves": self.saves[-200:],  # rank 0's saves in this process: step, seconds
+            "checkpoint_seconds": sum(c["seconds"] for c in self.saves),
             "resumed_from_step": resumed_from,
             "history": history[-200:],
         }

@@ -121,6 +121,10 @@ def test_stopped_run_resumes_from_its_checkpoint(tmp_path):
     s2 = json.loads((run / "train" / "summary.json").read_text())
     assert s2["resumed_from_step"] == 6
     assert s2["steps"] == math.ceil(rows / gb)  # one epoch in all, not 6 + a full epoch
+    # Each process reports the saves it made and their time: the stop at step 6, then the epoch end.
+    assert [c["step"] for c in s1["checkpoint_saves"]] == [6]
+    assert [c["step"] for c in s2["checkpoint_saves"]] == [s2["steps"]]
+    assert s2["checkpoint_seconds"] == sum(c["seconds"] for c in s2["checkpoint_saves"]) > 0
     # The resumed run trains on exactly the rows the first one had not reached.
     assert sum(sum(h["samples"]) for h in s2["history"]) == rows - 6 * gb
     assert math.isfinite(s2["final_loss"])
