@@ -58,11 +58,12 @@ def prepare(work: Path, rows: int, seed: int) -> Path:
     return run
 
 
-def write_spec(run: Path, global_batch: int, epochs: int) -> Path:
+def write_spec(run: Path, global_batch: int, epochs: int, **training) -> Path:
+    """The run's job spec; ``training`` adds or overrides fields of its ``training`` section."""
     spec = {
         "dataset": {"uri": str(run.parent / "data")},
         "training": {"epochs": epochs, "global_batch": global_batch, "learning_rate": 0.02,
-                     "reference_batch": global_batch, "warmup_epochs": 0, "seed": 1},
+                     "reference_batch": global_batch, "warmup_epochs": 0, "seed": 1, **training},
         "artifact_root": str(run.parent),
     }
     path = run / "spec.json"
@@ -104,6 +105,8 @@ def measure(run: Path, name: str, profiles: list[Profile], batches: list[int] | 
         "wait_frac": [w / seconds for w in wait],
         "input_frac": [i / seconds for i in inp],
         "quota_enforced": result.quota_enforced,
+        "seconds": seconds,
+        "checkpoint_saves": summary["checkpoint_saves"],
     }
 
 
