@@ -136,8 +136,6 @@ def measure_side_by_side(run: Path, jobs: dict[str, tuple[list[Profile], list[in
     return {
         "samples_per_sec": sum(r["samples_per_sec"] for r in parts),
         "batches": [b for r in parts for b in r["batches"]],
-        "rebalances": 0,
-        "steps": min(r["steps"] for r in parts),
         **{k: [x for r in parts for x in r[k]] for k in ("compute_frac", "wait_frac", "input_frac")},
         "quota_enforced": all(r["quota_enforced"] for r in parts),
     }
@@ -157,8 +155,7 @@ def figures_of(r: dict) -> dict:
     return {
         "balanced_vs_equal": r["balanced"]["samples_per_sec"] / r["equal"]["samples_per_sec"],
         "balanced_vs_ideal": r["balanced"]["samples_per_sec"] / ideal,
-        # the same ideal with both ranks training at the same time as two independent jobs: what is
-        # left is what synchronous training costs, without the two vCPUs slowing each other
+        # the same ideal with both ranks training at the same time as two independent jobs
         "balanced_vs_side_by_side": r["balanced"]["samples_per_sec"] / r["both_alone"]["samples_per_sec"],
         # weak scaling: two full-core ranks at B/2 each against one at B/2
         "scaling_efficiency": r["two_full"]["samples_per_sec"] / (2 * r["one_full"]["samples_per_sec"]),
