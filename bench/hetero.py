@@ -45,8 +45,8 @@ from pipelines.launch.local import Profile, launch  # noqa: E402
 
 def prepare(work: Path, rows: int, seed: int) -> Path:
     """A run directory with the sample task preloaded by the real preload stage."""
-    from pipelines.data.preload import preload
     from pipelines.data.sample import generate
+    from pipelines.preload.stage import preload
     from pipelines.rundir import write_json
     from pipelines.spec import DatasetSpec
 

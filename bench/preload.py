@@ -25,8 +25,8 @@ def measure_preload(work: Path, rows_per_day: int, days: int, repeats: int) -> d
     """Best-of-``repeats`` rows per second of preload and of ``read_table`` over the same files."""
     import pyarrow.parquet as pq
 
-    from pipelines.data.preload import preload
     from pipelines.data.sample import generate
+    from pipelines.preload.stage import preload
     from pipelines.spec import DatasetSpec
 
     data = work / "data"

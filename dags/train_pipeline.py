@@ -41,7 +41,7 @@ with DAG(
     stages = [
         PipelineStageOperator(task_id="preload", stage="preload"),
         PipelineStageOperator(task_id="estimate", stage="estimate"),
-        PipelineStageOperator(task_id="lr_search", stage="lr-search"),
+        PipelineStageOperator(task_id="lr_search", stage="lr_search"),
         PipelineStageOperator(task_id="train", stage="train", execution_timeout=dt.timedelta(hours=24)),
         PipelineStageOperator(task_id="analyze", stage="analyze"),
     ]

@@ -16,7 +16,7 @@ import time
 from pipelines.errors import StageError
 from pipelines.rundir import RunDir, write_json
 from pipelines.spec import SpecError, load_spec
-from pipelines.stages import STAGE_DIRS, STAGES, StageContext, resolve
+from pipelines.stages import ALIASES, STAGES, StageContext, canonical, resolve
 
 log = logging.getLogger("pipelines")
 
@@ -29,7 +29,8 @@ def _datetime(value: str) -> dt.datetime:
 
 
 def _stage_parser(sub: argparse._SubParsersAction, name: str) -> None:
-    p = sub.add_parser(name, help=f"run the {name} stage")
+    aliases = [old for old, new in ALIASES.items() if new == name]
+    p = sub.add_parser(name, aliases=aliases, help=f"run the {name} stage")
     p.add_argument("--spec", required=True, help="job spec: YAML/JSON file or inline JSON")
     p.add_argument("--run-dir", help="run directory (default: <artifact_root>/<dag_id>/<run_id>)")
     p.add_argument("--dag-id", default="cli", help="Airflow DAG id, or any name (default: %(default)s)")
@@ -75,13 +76,14 @@ def run_stage(args: argparse.Namespace) -> dict:
     run_dir = RunDir(args.run_dir) if args.run_dir else RunDir.for_run(spec.artifact_root, ctx.dag_id, ctx.run_id)
     run_dir.root.mkdir(parents=True, exist_ok=True)
     write_json(run_dir.root / "spec.json", json.loads(spec.to_json()))
-    func = resolve(args.command)
+    stage = canonical(args.command)
+    func = resolve(stage)
     started = time.time()
     result = func(spec, run_dir, ctx)
-    result.setdefault("stage", args.command)
+    result.setdefault("stage", stage)
     result.setdefault("run_dir", str(run_dir))
     result.setdefault("seconds", round(time.time() - started, 3))
-    write_json(run_dir.result_path(STAGE_DIRS[args.command]), result)
+    write_json(run_dir.result_path(stage), result)
     return result
 
 

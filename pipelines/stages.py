@@ -8,17 +8,13 @@ import importlib
 from collections.abc import Callable
 from typing import Any
 
-# stage name -> "module:function"; modules are imported only when the stage runs.
-STAGES: dict[str, str] = {
-    "preload": "pipelines.data.preload:run",
-    "estimate": "pipelines.estimate.stage:run",
-    "lr-search": "pipelines.lrsearch.stage:run",
-    "train": "pipelines.train.stage:run",
-    "analyze": "pipelines.analyze.stage:run",
-}
+# One name per stage: the Airflow task id, the package ``pipelines/<name>/``, the CLI command and
+# the run-directory folder it writes.  Each package's ``stage.py`` holds the stage's ``run()``;
+# modules are imported only when the stage runs.
+STAGES: tuple[str, ...] = ("preload", "estimate", "lr_search", "train", "analyze")
 
-# The folder (inside the run directory) each stage writes.
-STAGE_DIRS = {name: name.replace("-", "_") for name in STAGES}
+# Older spellings still accepted on the command line.
+ALIASES: dict[str, str] = {"lr-search": "lr_search"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -41,8 +37,14 @@ class StageContext:
         return args
 
 
+def canonical(stage: str) -> str:
+    """The stage's one name (``lr_search`` -> ``lr_search``); unknown names raise ``KeyError``."""
+    name = ALIASES.get(stage, stage)
+    if name not in STAGES:
+        raise KeyError(f"unknown stage {stage!r}; choose from {list(STAGES)}")
+    return name
+
+
 def resolve(stage: str) -> Callable[..., dict[str, Any]]:
-    if stage not in STAGES:
-        raise KeyError(f"unknown stage {stage!r}; choose from {sorted(STAGES)}")
-    module, func = STAGES[stage].split(":")
-    return getattr(importlib.import_module(module), func)
+    """The ``run(spec, run_dir, ctx)`` function of ``pipelines/<stage>/stage.py``."""
+    return importlib.import_module(f"pipelines.{canonical(stage)}.stage").run

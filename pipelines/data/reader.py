@@ -3,7 +3,7 @@
 The preload stage writes Arrow IPC files; here they are memory-mapped, so the features are
 read from the page cache without a copy until a step gathers its rows.  Every epoch has its own
 permutation (seeded by the job seed and the epoch), identical on every rank; each rank trains on
-its own proportional slice of every step (see :func:`pipelines.train.balance.epoch_steps`), so
+its own proportional slice of every step (see :func:`pipelines.balance.epoch_steps`), so
 all ranks together see every training row exactly once per epoch.
 """
 
@@ -14,8 +14,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from pipelines.balance import StepSlice
 from pipelines.errors import StageError
-from pipelines.train.balance import StepSlice
 
 
 def load_split(preload_result: dict, split: str = "train") -> tuple[np.ndarray, np.ndarray]:

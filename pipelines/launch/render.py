@@ -1,7 +1,7 @@
 """``python -m pipelines render``: write every manifest a job would create, without a cluster.
 
 Output (one YAML document per file): ``service.yaml`` (the rendezvous Service), ``rank-<r>.yaml``
-(one pod per rank of the plan) and ``stage-<stage>.yaml`` (preload, estimate, lr-search and analyze
+(one pod per rank of the plan) and ``stage-<stage>.yaml`` (preload, estimate, lr_search and analyze
 pods).  Pods are named and labelled as the Airflow operators would for ``--dag-id``/``--run-id``,
 try 1.
 """

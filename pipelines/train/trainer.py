@@ -127,7 +127,7 @@ class Trainer:
         if planned and sum(planned) == self.global_batch:
             self.batches = planned
         else:
-            from pipelines.train.balance import split_proportional
+            from pipelines.balance import split_proportional
 
             self.batches = [max(1, b) for b in split_proportional(self.global_batch, [1] * self.size)]
         self.base_lr = self._learning_rate()
@@ -165,14 +165,14 @@ class Trainer:
         return None
 
     def _learning_rate(self) -> float:
-        from pipelines.train.balance import scaled_learning_rate
+        from pipelines.balance import scaled_learning_rate
 
         t = self.spec.training
         if isinstance(t.learning_rate, float | int) and not isinstance(t.learning_rate, bool):
             return scaled_learning_rate(float(t.learning_rate), t.reference_batch, self.global_batch)
         lr_path = self.run_dir.result_path("lr_search")
         if not lr_path.is_file():
-            raise TrainingError(f"learning_rate is 'auto' but {lr_path} does not exist; run lr-search first")
+            raise TrainingError(f"learning_rate is 'auto' but {lr_path} does not exist; run lr_search first")
         found = json.loads(lr_path.read_text())
         at_batch = int(found.get("global_batch", self.global_batch))
         return scaled_learning_rate(float(found["learning_rate"]), at_batch, self.global_batch)
@@ -228,7 +228,7 @@ class Trainer:
     def calibrate(self) -> list[float]:
         """Every rank times forward+backward at its batch; returns all ranks' samples/s."""
         tf, np = self.tf, self.np
-        from pipelines.train.balance import sustained_rate
+        from pipelines.balance import sustained_rate
 
         b = max(1, self.batches[self.rank])
         idx = np.arange(b) % len(self.y)
@@ -250,8 +250,7 @@ class Trainer:
         return self.hvd.allgather(tf.constant([values], dtype=tf.float64), name=None).numpy()
 
     def fit(self) -> dict:
-        from pipelines.data.reader import RankInput, epoch_permutation
-        from pipelines.train.balance import (
+        from pipelines.balance import (
             allocate,
             damped,
             drifted,
@@ -259,6 +258,7 @@ class Trainer:
             scheduled_lr,
             sustained_rate,
         )
+        from pipelines.data.reader import RankInput, epoch_permutation
 
         tf, hvd = self.tf, self.hvd
         t = self.spec.training
@@ -431,7 +431,7 @@ class Trainer:
         return keep[-1] if keep else None
 
     def _window_record(self, step, epoch, figs, stats, lr) -> dict:
-        from pipelines.train.balance import balance_efficiency
+        from pipelines.balance import balance_efficiency
 
         seg = float(figs[:, 4].max())
         return {

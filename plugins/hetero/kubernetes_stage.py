@@ -1,4 +1,4 @@
-"""A stage (preload, estimate, lr-search, analyze) as one KubernetesPodOperator pod.
+"""A stage (preload, estimate, lr_search, analyze) as one KubernetesPodOperator pod.
 
 The pod runs the trainer image with exactly the command line the local runner uses,
 ``python -m pipelines <stage> --spec ... --run-dir ... --dag-id ... --run-id ... --try-number ...``
@@ -49,7 +49,7 @@ def parse_stage_result(lines: Sequence[str], stage: str) -> dict[str, Any]:
 class StagePodOperator(KubernetesPodOperator):
     """Run one pipeline stage as a pod and return its JSON result as XCom.
 
-    :param stage: ``preload``, ``estimate``, ``lr-search`` or ``analyze``.
+    :param stage: ``preload``, ``estimate``, ``lr_search`` or ``analyze``.
     :param spec_json: the job spec (JSON text or dict); passed inline to the pod. (templated)
     :param run_dir: the run directory as the pod sees it (default: under the artifact volume). (templated)
     :param device: run on this device type of the pool (its resources and placement); default: 2 CPUs, 4Gi.

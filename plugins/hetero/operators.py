@@ -17,7 +17,7 @@ from hetero.stage_runner import LocalStage, stage_context, validate_params
 
 
 class PipelineStageOperator(BaseOperator):
-    """Run ``stage`` (preload, estimate, lr-search, train, analyze) with the run's params as job spec."""
+    """Run ``stage`` (preload, estimate, lr_search, train, analyze) with the run's params as job spec."""
 
     ui_color = "#e8f2e0"
 

@@ -187,7 +187,7 @@ def test_stage_pods_run_the_local_command_line(spec_doc):
 
 def test_stage_pod_on_a_device_type_takes_its_resources(spec_doc):
     spec = load_spec(spec_doc)
-    pod = k8s.stage_pod_manifest(spec, "lr-search", k8s.Identity(), pool=load_pool(GPU_POOL), device="v100")
+    pod = k8s.stage_pod_manifest(spec, "lr_search", k8s.Identity(), pool=load_pool(GPU_POOL), device="v100")
     assert pod["spec"]["nodeSelector"] == {"nvidia.com/gpu.product": "Tesla-V100-SXM2-16GB"}
     assert pod["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] == "1"
     with pytest.raises(SpecError, match="train"):
@@ -249,7 +249,7 @@ def test_render_cli_writes_yaml_without_a_cluster(tmp_path, spec_doc, mixed_plan
     result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     names = sorted(p.name for p in out.iterdir())
     assert result["count"] == len(names) == 8
-    assert "rank-2.yaml" in names and "stage-lr-search.yaml" in names
+    assert "rank-2.yaml" in names and "stage-lr_search.yaml" in names
     pod = yaml.safe_load((out / "rank-1.yaml").read_text())
     assert pod["metadata"]["annotations"]["hetero.io/run-id"] == RUN_ID
     kubernetes_validate.validate(pod, K8S_VERSION, strict=True)

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pipelines.train.balance import (
+from pipelines.balance import (
     AllocationError,
     allocate,
     balance_efficiency,

@@ -15,9 +15,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from pipelines.data.preload import holdout_mask, preload, run, selection_interval
 from pipelines.data.sources import check_allowed, day_range, open_filesystem, redact_uri
 from pipelines.errors import DataError, StageError
+from pipelines.preload.stage import holdout_mask, preload, run, selection_interval
 from pipelines.rundir import RunDir
 from pipelines.spec import DatasetSpec, JobSpec, PartitionFilter
 from pipelines.stages import StageContext
@@ -377,7 +377,7 @@ MEMORY_PROBE = textwrap.dedent(
     """
     import json, sys
     import numpy, pyarrow, pyarrow.compute, pyarrow.parquet  # the base: imports, before any data
-    from pipelines.data.preload import preload
+    from pipelines.preload.stage import preload
     from pipelines.spec import DatasetSpec
 
     def status_mb(key):  # VmHWM, unlike ru_maxrss, does not inherit the parent's peak across exec

@@ -1,4 +1,4 @@
-"""The lr-search stage: curve analysis on synthetic curves, and a short real range test."""
+"""The lr_search stage: curve analysis on synthetic curves, and a short real range test."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 from pipelines.errors import StageError
-from pipelines.lrsearch.curve import ema_lag, find_divergence, smooth, suggest
-from pipelines.lrsearch.range_test import lr_schedule
+from pipelines.lr_search.curve import ema_lag, find_divergence, smooth, suggest
+from pipelines.lr_search.range_test import lr_schedule
 
 pytestmark = pytest.mark.trainer
 
@@ -145,7 +145,7 @@ def _write_shard(path, n: int, side: int = 6, classes: int = 3, seed: int = 0) -
 
 
 def test_load_training_rows_reads_and_normalises(tmp_path):
-    from pipelines.lrsearch.range_test import load_training_rows
+    from pipelines.lr_search.range_test import load_training_rows
 
     pre = _write_shard(tmp_path / "s.arrow", 300)
     x, y = load_training_rows(pre, 200)
@@ -158,7 +158,7 @@ def test_load_training_rows_reads_and_normalises(tmp_path):
 def test_real_range_test_gives_a_finite_rate(tmp_path):
     import tensorflow as tf
 
-    from pipelines.lrsearch.range_test import load_training_rows, run_range_test
+    from pipelines.lr_search.range_test import load_training_rows, run_range_test
     from pipelines.models import build_model
 
     pre = _write_shard(tmp_path / "s.arrow", 600)
@@ -173,7 +173,7 @@ def test_real_range_test_gives_a_finite_rate(tmp_path):
 
 
 def test_stage_runs_is_idempotent_and_passes_a_fixed_rate(tmp_path, monkeypatch):
-    import pipelines.lrsearch.stage as stage
+    import pipelines.lr_search.stage as stage
     from pipelines.rundir import RunDir, write_json
     from pipelines.spec import load_spec
     from pipelines.stages import StageContext

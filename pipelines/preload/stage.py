@@ -1,7 +1,7 @@
 """The preload stage: validate a Parquet dataset and convert it once into training shards.
 
 Steps: find the files (:mod:`pipelines.data.sources`), select the partitions of the run's
-interval, read every footer and check the schema (:mod:`pipelines.data.validate`) -- all before
+interval, read every footer and check the schema (:mod:`pipelines.preload.validate`) -- all before
 anything is written -- then stream the rows by record batches, check their values, split off a
 held-out set by a seeded hash of a key, and write Arrow IPC file shards of ``shard_rows`` rows plus
 statistics into a cache entry ``<cache_root>/<content_hash>/``.
@@ -34,8 +34,8 @@ from pathlib import Path
 from typing import Any
 
 from pipelines.data.sources import Dataset, check_allowed, day_range, discover, select_partitions
-from pipelines.data.validate import FileInfo, check_schema, convert_batch, inspect_files, output_schema
 from pipelines.errors import DataError, StageError
+from pipelines.preload.validate import FileInfo, check_schema, convert_batch, inspect_files, output_schema
 from pipelines.rundir import RunDir, input_key, write_json
 from pipelines.spec import DatasetSpec, JobSpec
 from pipelines.stages import StageContext

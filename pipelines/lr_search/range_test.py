@@ -97,7 +97,7 @@ def run_range_test(
     import numpy as np
     import tensorflow as tf
 
-    from pipelines.lrsearch.curve import auto_beta
+    from pipelines.lr_search.curve import auto_beta
 
     rates = lr_schedule(lr_min, lr_max, steps)
     beta = auto_beta(steps) if beta is None else beta

@@ -1,4 +1,4 @@
-"""The ``lr-search`` stage: a learning-rate range test at the planned global batch, and its analysis.
+"""The ``lr_search`` stage: a learning-rate range test at the planned global batch, and its analysis.
 
 Inputs: the job spec, ``preload/result.json`` (training shards, normalisation) and
 ``estimate/result.json`` (``plan.global_batch``).  Output: the stage result
@@ -16,8 +16,8 @@ from pathlib import Path
 from typing import Any
 
 from pipelines.errors import StageError
-from pipelines.lrsearch.curve import suggest
-from pipelines.lrsearch.range_test import (
+from pipelines.lr_search.curve import suggest
+from pipelines.lr_search.range_test import (
     DIVERGENCE_FACTOR,
     LR_MAX,
     LR_MIN,
@@ -81,7 +81,7 @@ def run(spec: JobSpec, run_dir: RunDir, ctx: StageContext) -> dict:
     global_batch, estimate_key = _planned_batch(spec, run_dir)
     fixed = spec.training.learning_rate
     if fixed != "auto":
-        from pipelines.train.balance import scaled_learning_rate
+        from pipelines.balance import scaled_learning_rate
 
         # The given rate applies at reference_batch; report the rate the trainer will use at B.
         at = global_batch or spec.training.reference_batch
@@ -99,7 +99,7 @@ def run(spec: JobSpec, run_dir: RunDir, ctx: StageContext) -> dict:
             "input_key": key,
         }
     if global_batch is None:
-        raise StageError("lr-search needs the plan's global batch: run the estimate stage first")
+        raise StageError("lr_search needs the plan's global batch: run the estimate stage first")
     preload = run_dir.read_result("preload")
     key = input_key(
         "lr_search/1",
@@ -111,7 +111,7 @@ def run(spec: JobSpec, run_dir: RunDir, ctx: StageContext) -> dict:
         [LR_MIN, LR_MAX, STEPS, DIVERGENCE_FACTOR],
     )
     if not ctx.fresh and (done := run_dir.completed(FOLDER, key)) is not None:
-        log.info("lr-search: reusing the completed result for the same inputs")
+        log.info("lr_search: reusing the completed result for the same inputs")
         return done
     out_dir = run_dir.stage(FOLDER)
 
@@ -157,8 +157,8 @@ def run(spec: JobSpec, run_dir: RunDir, ctx: StageContext) -> dict:
         plot_curve(out_dir / "curve.png", result)
         result["plot"] = str(out_dir / "curve.png")
     except Exception as e:  # a missing plot must not fail the stage
-        log.warning("lr-search: could not draw the curve: %s", e)
+        log.warning("lr_search: could not draw the curve: %s", e)
     log.info(
-        "lr-search: learning rate %.4g (range %.3g .. %.3g)", result["learning_rate"], *result["lr_range"]
+        "lr_search: learning rate %.4g (range %.3g .. %.3g)", result["learning_rate"], *result["lr_range"]
     )
     return result
