@@ -15,6 +15,7 @@ from typing import Any
 import yaml
 
 from pipelines.launch import k8s
+from pipelines.plan import default_plan, load_plan
 from pipelines.spec import load_pool, load_spec
 from pipelines.stages import StageContext
 
@@ -33,7 +34,7 @@ def render_job(
     """Every manifest of a job as ``{file name: manifest dict}``."""
     spec = load_spec(spec_source)
     pool = load_pool(pool_source if pool_source is not None else spec.pool)
-    plan = k8s.load_plan(plan_source) if plan_source is not None else k8s.default_plan(spec, pool)
+    plan = load_plan(plan_source) if plan_source is not None else default_plan(spec, pool)
     out: dict[str, dict[str, Any]] = {}
     job_id = k8s.Identity(dag_id=dag_id, run_id=run_id, task_id=train_task_id)
     job = k8s.job_manifests(spec, pool, plan, job_id)

@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 from pipelines.errors import StageError
+from pipelines.plan import run_plan
 from pipelines.rundir import RunDir, input_key
 from pipelines.spec import JobSpec
 from pipelines.stages import StageContext
@@ -24,17 +25,10 @@ def rank_command(run_dir: RunDir, python: str | None = None) -> list[str]:
     return [python or sys.executable, "-m", "pipelines.train.trainer", "--spec", str(run_dir.root / "spec.json"), "--run-dir", str(run_dir)]
 
 
-def load_plan(run_dir: RunDir) -> dict:
-    path = run_dir.root / "estimate" / "plan.json"
-    if not path.is_file():
-        raise StageError(f"{path}: no plan; run the estimate stage first")
-    return json.loads(path.read_text())
-
-
 def run(spec: JobSpec, run_dir: RunDir, ctx: StageContext) -> dict:
     from pipelines.launch.local import launch, profiles_from_pool
 
-    plan = load_plan(run_dir)
+    plan = run_plan(run_dir)
     lr = run_dir.result_path("lr_search")
     key = input_key(
         json.loads(spec.to_json()),

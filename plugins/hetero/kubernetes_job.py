@@ -33,6 +33,7 @@ from airflow.sdk import BaseOperator
 from airflow.sdk.exceptions import AirflowException
 
 from pipelines.launch import k8s
+from pipelines.plan import default_plan, load_plan
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
@@ -573,7 +574,7 @@ class HorovodJobOperator(BaseOperator):
         spec = load_spec(_load_mapping(self.spec_json, "spec_json"))
         pool = load_pool(_load_mapping(self.pool, "pool") if self.pool is not None else spec.pool)
         plan = (
-            k8s.load_plan(self.plan) if self.plan not in (None, "", "None") else k8s.default_plan(spec, pool)
+            load_plan(self.plan) if self.plan not in (None, "", "None") else default_plan(spec, pool)
         )
         return spec, k8s.job_manifests(spec, pool, plan, identity, self.run_dir or None)
 

@@ -17,6 +17,7 @@ from pipelines.__main__ import main
 from pipelines.launch import k8s
 from pipelines.launch.render import render_job
 from pipelines.launch.rendezvous import RENDEZVOUS_PORT
+from pipelines.plan import default_plan, load_plan
 from pipelines.spec import SpecError, load_pool, load_spec
 from pipelines.stages import StageContext
 
@@ -196,12 +197,12 @@ def test_stage_pod_on_a_device_type_takes_its_resources(spec_doc):
 
 def test_default_plan_splits_the_global_batch(spec_doc):
     spec, pool = load_spec(spec_doc), load_pool(GPU_POOL)
-    plan = k8s.default_plan(spec, pool)
+    plan = default_plan(spec, pool)
     assert len(plan["ranks"]) == 14 and plan["global_batch"] == 256
     assert sum(r["batch"] for r in plan["ranks"]) == 256
     by_device = {r["device"]: r["batch"] for r in plan["ranks"]}
     assert by_device["a100"] > by_device["v100"]  # proportional to memory
-    auto = k8s.default_plan(load_spec(dict(spec_doc, training={"global_batch": "auto"})), pool)
+    auto = default_plan(load_spec(dict(spec_doc, training={"global_batch": "auto"})), pool)
     assert {r["batch"] for r in auto["ranks"]} == {64}
 
 
@@ -219,10 +220,10 @@ def test_bad_plans_are_named(spec_doc, mixed_plan):
 
 def test_load_plan_accepts_files_results_and_python_literals(tmp_path, mixed_plan):
     (tmp_path / "result.json").write_text(json.dumps({"plan": mixed_plan, "model": {}}))
-    assert k8s.load_plan(tmp_path / "result.json") == mixed_plan
-    assert k8s.load_plan(str(mixed_plan)) == mixed_plan
+    assert load_plan(tmp_path / "result.json") == mixed_plan
+    assert load_plan(str(mixed_plan)) == mixed_plan
     with pytest.raises(SpecError, match="not found"):
-        k8s.load_plan(str(tmp_path / "missing.json"))
+        load_plan(str(tmp_path / "missing.json"))
 
 
 def test_storage_problem_without_a_shared_volume(spec_doc):
