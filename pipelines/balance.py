@@ -1,4 +1,4 @@
-"""The arithmetic of heterogeneous synchronous training (DESIGN.md section 5), framework-free.
+"""The arithmetic of heterogeneous synchronous training (docs/ARCHITECTURE.md, "Heterogeneous synchronous training"), framework-free.
 
 Nothing here imports TensorFlow or Horovod, so another allreduce backend can reuse it.
 

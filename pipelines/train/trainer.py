@@ -7,7 +7,7 @@ Run under the local launcher or as a Kubernetes pod::
 
 Each rank trains on a local batch proportional to its measured speed; its loss is weighted by
 N * b_i / B so Horovod's average of the gradients equals the gradient of the mean loss over the
-global batch (DESIGN.md section 5).  Rank 0 alone writes checkpoints, events and the model.
+global batch (docs/ARCHITECTURE.md, "Heterogeneous synchronous training").  Rank 0 alone writes checkpoints, events and the model.
 """
 
 from __future__ import annotations

@@ -57,7 +57,7 @@ def restricted_violations(pod: dict[str, Any]) -> list[str]:
         seccomp = (sc.get("seccompProfile") or {}).get("type") or pod_seccomp
         if seccomp not in ("RuntimeDefault", "Localhost"):
             out.append(f"{where}: seccompProfile.type must be RuntimeDefault or Localhost")
-        # Our own rules (DESIGN.md section 7, issue #4).
+        # Our own rules (docs/ARCHITECTURE.md, "Failure rules").
         if sc.get("readOnlyRootFilesystem") is not True:
             out.append(f"{where}: readOnlyRootFilesystem must be true")
         for env in c.get("env") or []:

@@ -1,4 +1,4 @@
-"""Heterogeneous training learns what single-process training learns (DESIGN.md section 5): the same
+"""Heterogeneous training learns what single-process training learns (docs/ARCHITECTURE.md, "Heterogeneous synchronous training"): the same
 global batches, weighted exactly, give the same model up to float round-off, so the held-out
 accuracy of a balanced fast+slow job matches one process with the same B, epochs and seed."""
 

@@ -1,5 +1,5 @@
 """One synchronous step of N ranks with unequal batches == one step of one process on the
-concatenated batch (DESIGN.md section 5), through the real trainer and real Horovod ranks."""
+concatenated batch (docs/ARCHITECTURE.md, "Heterogeneous synchronous training"), through the real trainer and real Horovod ranks."""
 
 from __future__ import annotations
 

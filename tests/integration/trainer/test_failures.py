@@ -1,4 +1,4 @@
-"""Failures of a training job (DESIGN.md section 7): a non-finite loss stops every rank with a
+"""Failures of a training job (docs/ARCHITECTURE.md, "Failure rules"): a non-finite loss stops every rank with a
 non-zero exit and keeps the last good checkpoint; a stopped run resumes where it left off."""
 
 from __future__ import annotations

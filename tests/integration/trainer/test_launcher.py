@@ -1,4 +1,4 @@
-"""The local launcher (DESIGN.md sections 3 and 7): plain Horovod scripts run unchanged, each rank
+"""The local launcher (docs/ARCHITECTURE.md, "Launchers" and "Failure rules"): plain Horovod scripts run unchanged, each rank
 gets its pool profile (cores and an enforced CPU quota), and a failed, hung or timed-out rank
 stops the whole job within a bounded time, leaving no process or cgroup behind."""
 

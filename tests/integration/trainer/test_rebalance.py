@@ -1,4 +1,4 @@
-"""Re-balancing during training (DESIGN.md section 5): when a rank becomes slower mid-run (its CPU
+"""Re-balancing during training (docs/ARCHITECTURE.md, "Heterogeneous synchronous training"): when a rank becomes slower mid-run (its CPU
 quota is cut), the measured speeds drift and the trainer moves samples away from it, keeping the
 global batch B fixed."""
 
