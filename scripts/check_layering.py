@@ -1,5 +1,13 @@
-"""Fail if the pipelines package imports airflow, or if dags/ or plugins/ import heavy libraries at
-module level (ruff's TID253 checks the latter too; this script needs no ruff)."""
+"""The layering rules of docs/ARCHITECTURE.md ("Layout and layering"), checked without running code:
+
+1. ``pipelines`` never imports airflow;
+2. a stage package (``pipelines/<stage>/``) never imports another stage's package;
+3. ``dags/``, ``plugins/`` and every ``pipelines`` module they import while Airflow parses the DAG
+   (module-level imports, followed transitively; Airflow imports every file in ``plugins/``) import
+   no heavy library at module level.
+
+Exit status 1 and one line per violation when a rule is broken. Needs no third-party package.
+"""
 
 from __future__ import annotations
 
@@ -9,9 +17,14 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 HEAVY = {"tensorflow", "horovod", "pyarrow", "scipy", "numpy", "matplotlib", "pandas"}
+STAGE_PACKAGES = ("preload", "estimate", "lr_search", "train", "analyze")
+# Top-level import names of the project's own code, and the folder each lives in.
+SOURCES = {"pipelines": "", "hetero": "plugins"}
 
 
 def imported_modules(tree: ast.AST, module_level_only: bool) -> list[tuple[int, str]]:
+    """(line, module) of each absolute import; ``from a import b`` also yields ``a.b`` (b may be
+    a submodule: :func:`module_file` keeps only names that are files)."""
     nodes = tree.body if module_level_only else list(ast.walk(tree))
     found = []
     for node in nodes:
@@ -19,21 +32,67 @@ def imported_modules(tree: ast.AST, module_level_only: bool) -> list[tuple[int, 
             found += [(node.lineno, a.name) for a in node.names]
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
             found.append((node.lineno, node.module))
+            found += [(node.lineno, f"{node.module}.{a.name}") for a in node.names]
     return found
+
+
+def module_file(module: str, root: Path) -> Path | None:
+    """The project file that defines ``module`` (a module or a package's ``__init__``), if any."""
+    top = module.split(".")[0]
+    if top not in SOURCES:
+        return None
+    base = root / SOURCES[top] / Path(*module.split("."))
+    for candidate in (base.with_suffix(".py"), base / "__init__.py"):
+        if candidate.is_file():
+            return candidate
+    return None
+
+
+def with_parents(module: str) -> list[str]:
+    """Importing ``a.b.c`` runs ``a``, ``a.b`` and ``a.b.c``."""
+    parts = module.split(".")
+    return [".".join(parts[:i]) for i in range(1, len(parts) + 1)]
+
+
+def parse_time_files(root: Path) -> dict[Path, str]:
+    """Every project file that runs when Airflow parses the DAG, with why (the importer)."""
+    start = [p for folder in ("dags", "plugins") for p in sorted((root / folder).rglob("*.py"))]
+    seen: dict[Path, str] = {p: "itself" for p in start}
+    queue = list(start)
+    while queue:
+        path = queue.pop()
+        for _, mod in imported_modules(ast.parse(path.read_text()), module_level_only=True):
+            for name in with_parents(mod):
+                target = module_file(name, root)
+                if target is not None and target not in seen:
+                    seen[target] = f"imported by {path.relative_to(root)}"
+                    queue.append(target)
+    return seen
+
+
+def stage_of(path: Path, root: Path) -> str | None:
+    rel = path.relative_to(root).parts
+    return rel[1] if len(rel) > 2 and rel[0] == "pipelines" and rel[1] in STAGE_PACKAGES else None
 
 
 def violations(root: Path = ROOT) -> list[str]:
     out = []
     for path in sorted((root / "pipelines").rglob("*.py")):
+        own = stage_of(path, root)
         for line, mod in imported_modules(ast.parse(path.read_text()), module_level_only=False):
-            if mod.split(".")[0] == "airflow":
-                out.append(f"{path.relative_to(root)}:{line}: pipelines must not import airflow ({mod})")
-    for folder in ("dags", "plugins"):
-        for path in sorted((root / folder).rglob("*.py")):
-            for line, mod in imported_modules(ast.parse(path.read_text()), module_level_only=True):
-                if mod.split(".")[0] in HEAVY:
-                    out.append(f"{path.relative_to(root)}:{line}: heavy import at module level ({mod})")
-    return out
+            parts = mod.split(".")
+            where = f"{path.relative_to(root)}:{line}"
+            if parts[0] == "airflow":
+                out.append(f"{where}: pipelines must not import airflow ({mod})")
+            elif parts[0] == "pipelines" and len(parts) > 1 and parts[1] in STAGE_PACKAGES and own not in (None, parts[1]):
+                out.append(f"{where}: stage {own!r} must not import stage {parts[1]!r} ({mod}); "
+                           "move what both need to a shared module")
+    for path, why in parse_time_files(root).items():
+        for line, mod in imported_modules(ast.parse(path.read_text()), module_level_only=True):
+            if mod.split(".")[0] in HEAVY:
+                reason = "" if why == "itself" else f" (parsed with the DAG: {why})"
+                out.append(f"{path.relative_to(root)}:{line}: heavy import at module level ({mod}){reason}")
+    return sorted(set(out))
 
 
 if __name__ == "__main__":
