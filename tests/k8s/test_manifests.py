@@ -89,12 +89,25 @@ def test_every_pod_meets_the_restricted_pod_security_standard(rendered):
             ),
             "plain value",
         ),
+        (lambda p: p["spec"].update(hostNetwork=True), "hostNetwork"),
+        (lambda p: p["spec"]["securityContext"].update(runAsUser=0), "spec.securityContext.runAsUser"),
+        (lambda p: p["spec"]["containers"][0]["securityContext"].update(privileged=True), "privileged"),
+        (lambda p: p["spec"]["containers"][0]["securityContext"].update(runAsNonRoot=False), "runAsNonRoot"),
+        (
+            lambda p: p["spec"]["containers"][0]["securityContext"].pop("readOnlyRootFilesystem"),
+            "readOnlyRoot",
+        ),
+        (
+            lambda p: p["spec"]["containers"][0]["resources"]["requests"].update(cpu="999"),
+            "requests must equal",
+        ),
     ],
 )
 def test_the_restricted_check_flags_each_missing_field(rendered, breakage, expected):
     pod = copy.deepcopy(rendered["rank-1.yaml"])
     breakage(pod)
-    assert any(expected in v for v in restricted_violations(pod))
+    violations = restricted_violations(pod)
+    assert len(violations) == 1 and expected in violations[0], violations
 
 
 def test_rank_pods_match_the_plan(rendered, mixed_plan):
