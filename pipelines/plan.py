@@ -7,14 +7,12 @@ docs/ARCHITECTURE.md, "Stages and their contracts".
 
 from __future__ import annotations
 
-import ast
-import json
 import math
 from pathlib import Path
 from typing import Any
 
 from pipelines.rundir import RunDir
-from pipelines.spec import JobSpec, PoolSpec, SpecError
+from pipelines.spec import JobSpec, PoolSpec, SpecError, read_mapping
 
 PLAN_FILE = "plan.json"  # inside the estimate stage's folder
 
@@ -32,31 +30,34 @@ def run_plan(run_dir: RunDir) -> dict[str, Any]:
 
 
 def load_plan(source: str | dict[str, Any] | Path) -> dict[str, Any]:
-    """A plan from a dict, a JSON (or Python-literal) string, or a file (plan.json or estimate result.json)."""
-    if isinstance(source, dict):
-        plan = source
-    else:
-        text = str(source).strip()
-        if text.startswith("{"):
-            try:
-                plan = json.loads(text)
-            except json.JSONDecodeError:
-                try:  # a dict rendered by a Jinja template without native objects
-                    plan = ast.literal_eval(text)
-                except (ValueError, SyntaxError):
-                    raise SpecError(f"plan: not valid JSON: {text[:80]!r}") from None
-        else:
-            path = Path(text)
-            if not path.is_file():
-                raise SpecError(f"{path}: plan file not found")
-            try:
-                plan = json.loads(path.read_text())
-            except json.JSONDecodeError as e:
-                raise SpecError(f"{path}: not valid JSON: {e}") from None
-    if isinstance(plan, dict) and "ranks" not in plan and isinstance(plan.get("plan"), dict):
+    """A checked plan from a dict, a JSON (or Python-literal) string, or a file (plan.json or the
+    estimate stage's result.json, whose ``plan`` field is taken)."""
+    plan, where = read_mapping(source, "plan")
+    if "ranks" not in plan and isinstance(plan.get("plan"), dict):
         plan = plan["plan"]  # the estimate stage's result.json
+    return check_plan(plan, where)
+
+
+def check_plan(plan: Any, where: str = "plan") -> dict[str, Any]:
+    """``plan`` itself when it has a non-empty ``ranks`` list of objects, each with a ``device``
+    name and a positive integer ``batch``; otherwise a :class:`SpecError` naming the field, e.g.
+    ``plan.ranks[1].batch: ...`` (after the file's path when ``where`` names one)."""
+    prefix = "" if where == "plan" else f"{where}: "
     if not isinstance(plan, dict):
-        raise SpecError(f"plan: expected a mapping, got {type(plan).__name__}")
+        raise SpecError(f"{prefix}plan: expected a mapping, got {type(plan).__name__}")
+    ranks = plan.get("ranks")
+    if not isinstance(ranks, list) or not ranks:
+        raise SpecError(f"{prefix}plan.ranks: must be a non-empty list, got {ranks!r}")
+    for i, rank in enumerate(ranks):
+        field = f"{prefix}plan.ranks[{i}]"
+        if not isinstance(rank, dict):
+            raise SpecError(f"{field}: must be an object with device and batch, got {rank!r}")
+        device = rank.get("device")
+        if not isinstance(device, str) or not device:
+            raise SpecError(f"{field}.device: must be a device type name, got {device!r}")
+        batch = rank.get("batch")
+        if not isinstance(batch, int) or isinstance(batch, bool) or batch < 1:
+            raise SpecError(f"{field}.batch: must be a positive integer, got {batch!r}")
     return plan
 
 

@@ -1,12 +1,20 @@
-"""The stage registry and the context every stage receives."""
+"""The stage registry, the context every stage receives, and a stage's command line and result.
+
+A stage runs as ``python -m pipelines <stage> ...`` (:func:`stage_command`), locally and in a pod,
+and prints its JSON result as the last line of its standard output (:func:`last_json_object`
+reads it back).  See docs/CONTRACTS.md.
+"""
 
 from __future__ import annotations
 
 import dataclasses
 import datetime as dt
 import importlib
-from collections.abc import Callable
+import json
+from collections.abc import Callable, Iterable
 from typing import Any
+
+from pipelines.spec import SpecError
 
 # One name per stage: the Airflow task id, the package ``pipelines/<name>/``, the CLI command and
 # the run-directory folder it writes.  Each package's ``stage.py`` holds the stage's ``run()``;
@@ -29,16 +37,19 @@ class StageContext:
     fresh: bool = False  # ignore a completed result with the same inputs and recompute
 
     def to_args(self) -> list[str]:
+        """This context as the stage command's options (``python -m pipelines <stage> --help``)."""
         args = ["--dag-id", self.dag_id, "--run-id", self.run_id, "--try-number", str(self.try_number)]
         if self.data_interval_start:
             args += ["--data-interval-start", self.data_interval_start.isoformat()]
         if self.data_interval_end:
             args += ["--data-interval-end", self.data_interval_end.isoformat()]
+        if self.fresh:
+            args.append("--fresh")
         return args
 
 
 def canonical(stage: str) -> str:
-    """The stage's one name (``lr_search`` -> ``lr_search``); unknown names raise ``KeyError``."""
+    """The stage's one name, for that name or one of its :data:`ALIASES`; unknown names raise ``KeyError``."""
     name = ALIASES.get(stage, stage)
     if name not in STAGES:
         raise KeyError(f"unknown stage {stage!r}; choose from {list(STAGES)}")
@@ -48,3 +59,29 @@ def canonical(stage: str) -> str:
 def resolve(stage: str) -> Callable[..., dict[str, Any]]:
     """The ``run(spec, run_dir, ctx)`` function of ``pipelines/<stage>/stage.py``."""
     return importlib.import_module(f"pipelines.{canonical(stage)}.stage").run
+
+
+def stage_command(
+    stage: str, spec_arg: str, run_dir: str, ctx: StageContext, python: str = "python"
+) -> list[str]:
+    """The command line that runs ``stage``: the same for the local stage runner and the stage pods.
+
+    ``spec_arg`` is the job spec as inline JSON or a path the process can read.
+    """
+    if stage not in STAGES:
+        raise SpecError(f"unknown stage {stage!r}; choose from {list(STAGES)}")
+    return [python, "-m", "pipelines", stage, "--spec", spec_arg, "--run-dir", str(run_dir), *ctx.to_args()]
+
+
+def last_json_object(lines: Iterable[str]) -> dict[str, Any] | None:
+    """A stage's result in its output: the last line that is a JSON object; None when there is none."""
+    for line in reversed(list(lines)):
+        text = line.strip()
+        if text.startswith("{") and text.endswith("}"):
+            try:
+                value = json.loads(text)
+            except json.JSONDecodeError:
+                continue
+            if isinstance(value, dict):
+                return value
+    return None

@@ -42,12 +42,14 @@ from pipelines.launch.rendezvous import (
     ENV_SHARE,
     ENV_THREADS,
     RENDEZVOUS_PORT,
+    Slot,
     gloo_env,
     pod_slots,
 )
+from pipelines.plan import check_plan
 from pipelines.rundir import safe_component
 from pipelines.spec import DeviceType, JobSpec, PoolSpec, SpecError
-from pipelines.stages import STAGES, StageContext
+from pipelines.stages import StageContext, stage_command
 
 __all__ = [
     "Identity",
@@ -67,7 +69,7 @@ __all__ = [
     "rendezvous_service_manifest",
     "rank_pod_name",
     "rank_pod_manifests",
-    "stage_command",
+    "rank_env",
     "stage_pod_manifest",
     "job_manifests",
 ]
@@ -387,19 +389,19 @@ def _kueue(spec: JobSpec, labels: dict, annotations: dict, group: str | None, to
 
 
 def _check_plan(plan: dict[str, Any], pool: PoolSpec) -> list[dict[str, Any]]:
-    ranks = plan.get("ranks")
-    if not isinstance(ranks, list) or not ranks:
-        raise SpecError("plan: field 'ranks' must be a non-empty list")
-    ranks = sorted(ranks, key=lambda r: int(r.get("rank", -1)))
+    """The plan's ranks in rank order; each numbered once from 0 and on a device type of ``pool``."""
+    ranks = check_plan(plan)["ranks"]
     for i, r in enumerate(ranks):
-        if int(r.get("rank", -1)) != i:
+        rank = r.get("rank")
+        if not isinstance(rank, int) or isinstance(rank, bool):
+            raise SpecError(f"plan.ranks[{i}].rank: must be an integer, got {rank!r}")
+    ranks = sorted(ranks, key=lambda r: r["rank"])
+    for i, r in enumerate(ranks):
+        if r["rank"] != i:
             raise SpecError(
-                f"plan: ranks must be numbered 0..{len(ranks) - 1}, got rank {r.get('rank')!r} at position {i}"
+                f"plan: ranks must be numbered 0..{len(ranks) - 1}, got rank {r['rank']!r} at position {i}"
             )
-        pool.get(str(r.get("device")))  # raises naming the device
-        batch = r.get("batch")
-        if not isinstance(batch, int) or batch < 1:
-            raise SpecError(f"plan: ranks[{i}].batch must be a positive integer, got {batch!r}")
+        pool.get(r["device"])  # raises naming the device
     return ranks
 
 
@@ -413,7 +415,6 @@ def rank_pod_manifests(
     """One pod per rank of ``plan`` (format of docs/CONTRACTS.md), rank 0 first."""
     ranks = _check_plan(plan, pool)
     run_dir = run_dir or pod_run_dir(spec, identity)
-    slots = pod_slots(len(ranks))
     addr = rendezvous_address(spec, identity)
     group = rendezvous_service_name(identity)
     volumes, mounts = _volumes(spec, shm=True)
@@ -427,32 +428,23 @@ def rank_pod_manifests(
         run_dir,
     ]
     pods = []
-    for r, slot in zip(ranks, slots, strict=True):
+    for r, slot in zip(ranks, pod_slots(len(ranks)), strict=True):
         device = pool.get(r["device"])
-        threads = cpu_threads(device.kubernetes.resources)
-        env = {
-            **_base_env(threads),
-            **slot.env(),
-            **gloo_env(addr=addr, port=RENDEZVOUS_PORT, iface="eth0"),
-            ENV_DEVICE: device.name,
-            ENV_BATCH: str(r["batch"]),
-            ENV_SHARE: str(cpu_cores(device.kubernetes.resources)),  # the CPU limit the trainer measures against
-        }
-        if slot.rank == 0:
-            env[ENV_HOST_RENDEZVOUS] = "1"
         labels = {**identity.labels("horovod-rank"), "rank": str(slot.rank), "device_type": device.name}
         annotations = {
             **identity.annotations(),
             f"{ANNOTATION_PREFIX}global-batch": str(plan.get("global_batch", "")),
         }
         _kueue(spec, labels, annotations, group, len(ranks))
+        env = rank_env(slot, device, r["batch"], addr)
         container = _container(spec, RANK_CONTAINER, command, env, device.kubernetes.resources, mounts)
         if slot.rank == 0:
             container["ports"] = [{"name": "rendezvous", "containerPort": RENDEZVOUS_PORT, "protocol": "TCP"}]
+        name = rank_pod_name(identity, slot.rank)
         pods.append(
             _pod(
                 spec,
-                name=rank_pod_name(identity, slot.rank),
+                name=name,
                 labels=labels,
                 annotations=annotations,
                 container=container,
@@ -461,6 +453,21 @@ def rank_pod_manifests(
             )
         )
     return pods
+
+
+def rank_env(slot: Slot, device: DeviceType, batch: int, rendezvous_addr: str) -> dict[str, str]:
+    """A rank pod's environment: Horovod's place and rendezvous, its device, batch and CPU limit."""
+    env = {
+        **_base_env(cpu_threads(device.kubernetes.resources)),
+        **slot.env(),
+        **gloo_env(addr=rendezvous_addr, port=RENDEZVOUS_PORT, iface="eth0"),
+        ENV_DEVICE: device.name,
+        ENV_BATCH: str(batch),
+        ENV_SHARE: str(cpu_cores(device.kubernetes.resources)),  # the CPU limit the trainer measures against
+    }
+    if slot.rank == 0:
+        env[ENV_HOST_RENDEZVOUS] = "1"
+    return env
 
 
 def job_manifests(
@@ -474,16 +481,6 @@ def job_manifests(
 
 
 # ------------------------------------------------------------------------------- stage pods
-
-
-def stage_command(stage: str, spec_arg: str, run_dir: str, ctx: StageContext) -> list[str]:
-    """The command line a stage runs with, locally and in a pod: ``python -m pipelines <stage> ...``."""
-    if stage not in STAGES:
-        raise SpecError(f"unknown stage {stage!r}; choose from {sorted(STAGES)}")
-    args = ["python", "-m", "pipelines", stage, "--spec", spec_arg, "--run-dir", run_dir, *ctx.to_args()]
-    if ctx.fresh:
-        args.append("--fresh")
-    return args
 
 
 def stage_pod_manifest(
@@ -507,26 +504,18 @@ def stage_pod_manifest(
     if stage not in POD_STAGES:
         raise SpecError(f"stage {stage!r} does not run as a single pod; choose from {list(POD_STAGES)}")
     ctx = ctx or StageContext(dag_id=identity.dag_id, run_id=identity.run_id, try_number=identity.try_number)
-    run_dir = run_dir or pod_run_dir(spec, identity)
-    spec_arg = spec_arg or spec.to_json()
-    dev = None
-    if device is not None:
-        if pool is None:
-            raise SpecError(f"stage pod {stage!r}: device {device!r} given without a pool")
-        dev = pool.get(device)
+    command = stage_command(stage, spec_arg or spec.to_json(), run_dir or pod_run_dir(spec, identity), ctx)
+    dev = _stage_device(stage, pool, device)
     res = dict(dev.kubernetes.resources if dev else (resources or DEFAULT_STAGE_RESOURCES))
     volumes, mounts = _volumes(spec, shm=False)
     env = _base_env(cpu_threads(res))
-    if dev is not None:
-        env[ENV_DEVICE] = dev.name
     labels = {**identity.labels("stage"), "stage": stage}
     if dev is not None:
+        env[ENV_DEVICE] = dev.name
         labels["device_type"] = dev.name
     annotations = identity.annotations()
     _kueue(spec, labels, annotations, None, 1)
-    container = _container(
-        spec, STAGE_CONTAINER, stage_command(stage, spec_arg, run_dir, ctx), env, res, mounts
-    )
+    container = _container(spec, STAGE_CONTAINER, command, env, res, mounts)
     name = _dns_label(f"{identity.task_id}", 40) + f"-{identity.job_key[:8]}-t{identity.try_number}"
     return _pod(
         spec,
@@ -537,3 +526,11 @@ def stage_pod_manifest(
         device=dev,
         volumes=volumes,
     )
+
+
+def _stage_device(stage: str, pool: PoolSpec | None, device: str | None) -> DeviceType | None:
+    if device is None:
+        return None
+    if pool is None:
+        raise SpecError(f"stage pod {stage!r}: device {device!r} given without a pool")
+    return pool.get(device)

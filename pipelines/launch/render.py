@@ -42,7 +42,7 @@ def render_job(
     for pod in job["pods"]:
         out[f"rank-{pod['metadata']['labels']['rank']}.yaml"] = pod
     for stage in k8s.POD_STAGES:
-        ident = k8s.Identity(dag_id=dag_id, run_id=run_id, task_id=stage.replace("-", "_"))
+        ident = k8s.Identity(dag_id=dag_id, run_id=run_id, task_id=stage)  # task id == stage name
         ctx = StageContext(dag_id=dag_id, run_id=run_id, try_number=1)
         out[f"stage-{stage}.yaml"] = k8s.stage_pod_manifest(spec, stage, ident, ctx=ctx)
     return out

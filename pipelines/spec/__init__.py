@@ -34,6 +34,7 @@ __all__ = [
     "KubernetesDevice",
     "load_spec",
     "load_pool",
+    "read_mapping",
     "job_schema",
     "format_validation_error",
 ]
@@ -297,41 +298,71 @@ def format_validation_error(err: ValidationError, source: str) -> str:
     return "\n".join(lines)
 
 
-def _read_document(source: str | os.PathLike | dict) -> tuple[dict, str]:
+def read_mapping(source: str | os.PathLike | dict, what: str) -> tuple[dict, str]:
+    """``(mapping, where)`` from a dict, inline JSON, a Python-literal dict, or a YAML/JSON file.
+
+    The one reader for job specs, pools and plans.  A Python literal is what Airflow renders a
+    templated dict as without native rendering.  ``what`` ("job spec", "pool", "plan") names the
+    document in errors; ``where`` is that name, or the file's path, for the caller's own messages.
+    """
     if isinstance(source, dict):
-        return source, "job spec"
-    text = str(source)
-    if text.lstrip().startswith("{"):
+        return source, what
+    if not isinstance(source, str | os.PathLike):
+        kind = type(source).__name__
+        raise SpecError(f"{what}: expected a mapping, inline JSON or a file path, got {kind}")
+    text = str(source).strip()
+    if text.startswith("{"):
+        where = f"{what} (inline JSON)"
+        doc = _parse_inline(text, where)
+    else:
+        where = text
+        doc = _read_file(Path(text))
+    if not isinstance(doc, dict):
+        raise SpecError(f"{where}: expected a mapping at the top level, got {type(doc).__name__}")
+    return doc, where
+
+
+def _parse_inline(text: str, where: str) -> Any:
+    import ast
+
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as e:
         try:
-            return json.loads(text), "job spec (inline JSON)"
-        except json.JSONDecodeError as e:
-            raise SpecError(f"job spec (inline JSON): not valid JSON: {e}") from None
-    path = Path(text)
+            return ast.literal_eval(text)
+        except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
+            raise SpecError(f"{where}: not valid JSON: {e}") from None
+
+
+def _read_file(path: Path) -> Any:
     if not path.is_file():
         raise SpecError(f"{path}: file not found")
+    text = path.read_text()
+    try:  # JSON first: PyYAML reads floats such as 1e-05 as strings
+        return json.loads(text)
+    except json.JSONDecodeError as e:
+        if path.suffix == ".json":
+            raise SpecError(f"{path}: not valid JSON: {e}") from None
     import yaml
 
     try:
-        doc = yaml.safe_load(path.read_text())
+        return yaml.safe_load(text)
     except yaml.YAMLError as e:
         raise SpecError(f"{path}: not valid YAML/JSON: {e}") from None
-    if not isinstance(doc, dict):
-        raise SpecError(f"{path}: expected a mapping at the top level, got {type(doc).__name__}")
-    return doc, str(path)
 
 
 def load_spec(source: str | os.PathLike | dict) -> JobSpec:
-    """Load and validate a job spec from a dict, inline JSON, or a YAML/JSON file."""
-    doc, where = _read_document(source)
+    """Load and validate a job spec: a dict, inline JSON or a YAML/JSON file (:func:`read_mapping`)."""
+    doc, where = read_mapping(source, "job spec")
     try:
         return JobSpec.model_validate(doc)
     except ValidationError as e:
         raise SpecError(format_validation_error(e, where)) from None
 
 
-def load_pool(path: str | os.PathLike) -> PoolSpec:
-    """Load and validate a pool file (YAML)."""
-    doc, where = _read_document(path)
+def load_pool(source: str | os.PathLike | dict) -> PoolSpec:
+    """Load and validate a pool: a YAML file, a dict or inline JSON (:func:`read_mapping`)."""
+    doc, where = read_mapping(source, "pool")
     try:
         return PoolSpec.model_validate(doc)
     except ValidationError as e:

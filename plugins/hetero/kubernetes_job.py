@@ -22,9 +22,7 @@ substitute a fake that returns ``kubernetes.client`` model objects.
 
 from __future__ import annotations
 
-import ast
 import collections
-import json
 import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
@@ -32,8 +30,10 @@ from typing import TYPE_CHECKING, Any, Protocol
 from airflow.sdk import BaseOperator
 from airflow.sdk.exceptions import AirflowException
 
+from hetero.stage_runner import stage_context
 from pipelines.launch import k8s
 from pipelines.plan import default_plan, load_plan
+from pipelines.stages import last_json_object
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
@@ -43,7 +43,7 @@ __all__ = [
     "CoreV1Like",
     "GangError",
     "PodStartError",
-    "RankFailedError",
+    "RankPodFailed",
     "HorovodGang",
     "HorovodJobOperator",
     "build_pod",
@@ -87,7 +87,7 @@ class PodStartError(GangError):
         self.rank, self.pod_name, self.reason = rank, pod_name, reason
 
 
-class RankFailedError(GangError):
+class RankPodFailed(GangError):
     """A rank's container exited non-zero (or its pod failed)."""
 
     def __init__(self, message: str, *, rank: int, pod_name: str, exit_code: int | None, log_tail: list[str]):
@@ -181,14 +181,15 @@ def build_pod(manifest: dict[str, Any], pod_template_file: str | None = None) ->
 
 
 def identity_from_context(context: Context) -> k8s.Identity:
-    """The task try an Airflow context describes."""
+    """The task try an Airflow context describes; it names and labels rank pods and stage pods alike."""
     ti = context["ti"]
+    ctx = stage_context(context)
     map_index = getattr(ti, "map_index", -1)
     return k8s.Identity(
-        dag_id=ti.dag_id,
-        run_id=context["run_id"],
+        dag_id=ctx.dag_id,
+        run_id=ctx.run_id,
         task_id=ti.task_id,
-        try_number=int(ti.try_number),
+        try_number=ctx.try_number,
         map_index=-1 if map_index is None else int(map_index),
     )
 
@@ -245,7 +246,7 @@ class HorovodGang:
             self.attach_or_create()
             summary = self.wait()
         except BaseException as exc:
-            self.cleanup(keep_failed=self.keep_failed_pods and isinstance(exc, RankFailedError))
+            self.cleanup(keep_failed=self.keep_failed_pods and isinstance(exc, RankPodFailed))
             raise
         self.cleanup()
         return summary
@@ -313,35 +314,9 @@ class HorovodGang:
             self._check_failed(pods)
             now = self.clock()
             for rank, pod in sorted(pods.items()):
-                problem = _startup_problem(pod)
-                if problem:
-                    raise PodStartError(
-                        f"rank {rank} pod {pod.metadata.name} cannot start: {problem}",
-                        rank=rank,
-                        pod_name=pod.metadata.name,
-                        reason=problem.split(":")[0],
-                    )
-                if _phase(pod) != "Pending":
-                    continue
-                if not _is_scheduled(pod):
-                    if now - start > self.scheduling_timeout_s:
-                        raise PodStartError(
-                            f"rank {rank} pod {pod.metadata.name} was not scheduled within "
-                            f"scheduling_timeout_s={self.scheduling_timeout_s:g}: {self._scheduler_message(pod)}",
-                            rank=rank,
-                            pod_name=pod.metadata.name,
-                            reason="Unschedulable",
-                        )
-                    continue
-                since = scheduled_at.setdefault(rank, now)
-                if now - since > self.image_pull_timeout_s:
-                    raise PodStartError(
-                        f"rank {rank} pod {pod.metadata.name} was scheduled but its containers did not start within "
-                        f"image_pull_timeout_s={self.image_pull_timeout_s:g}: {self._waiting_message(pod)}",
-                        rank=rank,
-                        pod_name=pod.metadata.name,
-                        reason="StartupTimeout",
-                    )
+                if _phase(pod) == "Pending" and _is_scheduled(pod):
+                    scheduled_at.setdefault(rank, now)
+                self._check_startup(rank, pod, now - start, now - scheduled_at.get(rank, now))
             phases = {r: _phase(p) for r, p in pods.items()}
             if not all_running and all(ph in ("Running", "Succeeded") for ph in phases.values()):
                 all_running = True
@@ -351,6 +326,38 @@ class HorovodGang:
             if all(ph == "Succeeded" for ph in phases.values()):
                 return self._summary(pods)
             self.sleep(self.poll_interval_s)
+
+    def _check_startup(self, rank: int, pod: k8s_models.V1Pod, waited_s: float, scheduled_s: float) -> None:
+        """Raise :class:`PodStartError` when a pod cannot start, or a pending one has waited too long:
+        ``waited_s`` since the job started (to be scheduled), ``scheduled_s`` since it was scheduled."""
+        name = pod.metadata.name
+        problem = _startup_problem(pod)
+        if problem:
+            raise PodStartError(
+                f"rank {rank} pod {name} cannot start: {problem}",
+                rank=rank,
+                pod_name=name,
+                reason=problem.split(":")[0],
+            )
+        if _phase(pod) != "Pending":
+            return
+        if not _is_scheduled(pod):
+            if waited_s > self.scheduling_timeout_s:
+                raise PodStartError(
+                    f"rank {rank} pod {name} was not scheduled within "
+                    f"scheduling_timeout_s={self.scheduling_timeout_s:g}: {self._scheduler_message(pod)}",
+                    rank=rank,
+                    pod_name=name,
+                    reason="Unschedulable",
+                )
+        elif scheduled_s > self.image_pull_timeout_s:
+            raise PodStartError(
+                f"rank {rank} pod {name} was scheduled but its containers did not start within "
+                f"image_pull_timeout_s={self.image_pull_timeout_s:g}: {self._waiting_message(pod)}",
+                rank=rank,
+                pod_name=name,
+                reason="StartupTimeout",
+            )
 
     def cleanup(self, *, keep_failed: bool = False) -> None:
         """Delete every pod (all tries; failed ones kept when asked) and the Service. Never raises."""
@@ -402,7 +409,7 @@ class HorovodGang:
         code = term.exit_code if term is not None else None
         reason = (term.reason if term is not None else None) or (pod.status and pod.status.reason) or "Error"
         tail = self._log_tail(pod, term)
-        raise RankFailedError(
+        raise RankPodFailed(
             f"rank {rank} (pod {pod.metadata.name}, device {pod.metadata.labels.get('device_type')}) failed "
             f"with exit code {code} ({reason}); last {len(tail)} log line(s):\n" + "\n".join(tail),
             rank=rank,
@@ -481,15 +488,6 @@ class HorovodGang:
             self.log.info("[rank 0] %s", message)
 
     def _summary(self, pods: dict[int, k8s_models.V1Pod]) -> dict[str, Any]:
-        result = None
-        for line in reversed(self._rank0_lines):
-            text = line.strip()
-            if text.startswith("{"):
-                try:
-                    result = json.loads(text)
-                    break
-                except json.JSONDecodeError:
-                    continue
         return {
             "namespace": self.namespace,
             "service": self.service["metadata"]["name"],
@@ -497,27 +495,11 @@ class HorovodGang:
             "ranks": len(pods),
             "try_number": self.identity.try_number,
             "reattached": self.reattached,
-            "result": result,
+            "result": last_json_object(self._rank0_lines),  # the trainer's summary line, if streamed
         }
 
 
 # -------------------------------------------------------------------------------- operator
-
-
-def _load_mapping(value: Any, what: str) -> Any:
-    """Accept a dict, JSON, a Python-literal dict (Jinja without native rendering) or a path."""
-    if isinstance(value, dict) or not isinstance(value, str):
-        return value
-    text = value.strip()
-    if text.startswith("{"):
-        try:
-            return json.loads(text)
-        except json.JSONDecodeError:
-            try:
-                return ast.literal_eval(text)
-            except (ValueError, SyntaxError):
-                raise AirflowException(f"{what}: neither JSON nor a mapping: {text[:80]!r}") from None
-    return text
 
 
 class HorovodJobOperator(BaseOperator):
@@ -571,11 +553,9 @@ class HorovodJobOperator(BaseOperator):
         """``(spec, {"service": ..., "pods": [...]})`` as plain dicts, for ``identity``."""
         from pipelines.spec import load_pool, load_spec
 
-        spec = load_spec(_load_mapping(self.spec_json, "spec_json"))
-        pool = load_pool(_load_mapping(self.pool, "pool") if self.pool is not None else spec.pool)
-        plan = (
-            load_plan(self.plan) if self.plan not in (None, "", "None") else default_plan(spec, pool)
-        )
+        spec = load_spec(self.spec_json)
+        pool = load_pool(self.pool if self.pool is not None else spec.pool)
+        plan = load_plan(self.plan) if self.plan not in (None, "", "None") else default_plan(spec, pool)
         return spec, k8s.job_manifests(spec, pool, plan, identity, self.run_dir or None)
 
     def build_pods(self, identity: k8s.Identity) -> tuple[Any, dict[str, Any], list[k8s_models.V1Pod]]:

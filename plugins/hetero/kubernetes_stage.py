@@ -2,7 +2,7 @@
 
 The pod runs the trainer image with exactly the command line the local runner uses,
 ``python -m pipelines <stage> --spec ... --run-dir ... --dag-id ... --run-id ... --try-number ...``
-(:func:`pipelines.launch.k8s.stage_command`).  That command prints the stage's JSON result as the
+(:func:`pipelines.stages.stage_command`).  That command prints the stage's JSON result as the
 last line of its standard output; the operator follows the pod's log (the provider's log
 streaming), keeps the last lines and returns the last JSON object line as the task's XCom.
 
@@ -12,38 +12,21 @@ Why the log and not ``do_xcom_push``: the provider's XCom sidecar needs an extra
 
 from __future__ import annotations
 
-import ast
 import collections
-import json
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from airflow.providers.cncf.kubernetes.operators.pod import KubernetesPodOperator
-from airflow.sdk.exceptions import AirflowException
 
-from hetero.stage_runner import stage_context
+from hetero.kubernetes_job import identity_from_context
+from hetero.stage_runner import stage_context, stage_result
 from pipelines.launch import k8s
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
     from kubernetes.client import models as k8s_models
 
-__all__ = ["StagePodOperator", "parse_stage_result", "run_stage_pod"]
-
-
-def parse_stage_result(lines: Sequence[str], stage: str) -> dict[str, Any]:
-    """The last line of ``lines`` that is a JSON object; the error quotes the last lines otherwise."""
-    for line in reversed(lines):
-        text = line.strip()
-        if text.startswith("{") and text.endswith("}"):
-            try:
-                value = json.loads(text)
-            except json.JSONDecodeError:
-                continue
-            if isinstance(value, dict):
-                return value
-    tail = "\n".join(list(lines)[-10:])
-    raise AirflowException(f"stage {stage!r}: the pod's log has no JSON result line; last lines:\n{tail}")
+__all__ = ["StagePodOperator"]
 
 
 class StagePodOperator(KubernetesPodOperator):
@@ -96,32 +79,13 @@ class StagePodOperator(KubernetesPodOperator):
         self._explicit_conn = "kubernetes_conn_id" in kwargs
         self._lines: collections.deque[str] = collections.deque(maxlen=50)
 
-    def _load_spec(self):
-        from pipelines.spec import load_spec
-
-        value = self.spec_json
-        if isinstance(value, str) and value.strip().startswith("{"):
-            try:
-                value = json.loads(value)
-            except json.JSONDecodeError:
-                value = ast.literal_eval(value)
-        return load_spec(value)
-
     def prepare(self, context: Context) -> None:
         """Fill the pod from the spec and the task context (called by ``execute``; tests call it too)."""
-        from pipelines.spec import load_pool
+        from pipelines.spec import load_pool, load_spec
 
-        spec = self._load_spec()
+        spec = load_spec(self.spec_json)
         ctx = stage_context(context, self.fresh)
-        ti = context["ti"]
-        map_index = getattr(ti, "map_index", -1)
-        identity = k8s.Identity(
-            dag_id=ctx.dag_id,
-            run_id=ctx.run_id,
-            task_id=ti.task_id,
-            try_number=ctx.try_number,
-            map_index=-1 if map_index is None else int(map_index),
-        )
+        identity = identity_from_context(context)
         pool = None
         if self.device is not None:
             pool = load_pool(self.pool if self.pool is not None else spec.pool)
@@ -180,15 +144,4 @@ class StagePodOperator(KubernetesPodOperator):
             super().execute(context)
         finally:
             self.do_xcom_push = push
-        return parse_stage_result(list(self._lines), self.stage)
-
-
-def run_stage_pod(stage: str, spec_json: str | dict, context: Context, **kwargs: Any) -> dict[str, Any]:
-    """Run ``stage`` as a pod from inside another task (e.g. a ``@task`` dispatching on the launcher).
-
-    Builds a :class:`StagePodOperator` for the running task instance and executes it; returns the
-    stage's JSON result.
-    """
-    # Labels and the pod name follow the running task instance (taken from ``context``).
-    op = StagePodOperator(task_id=f"{context['ti'].task_id}_pod", stage=stage, spec_json=spec_json, **kwargs)
-    return op.execute(context)
+        return stage_result(self._lines, self.stage, "the pod's log")

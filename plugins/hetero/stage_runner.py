@@ -1,6 +1,6 @@
 """Run a pipeline stage as a subprocess in the trainer environment, from an Airflow task.
 
-The command is exactly what a pod runs (``python -m pipelines <stage> ...``) with the trainer
+The command is exactly what a pod runs (:func:`pipelines.stages.stage_command`) with the trainer
 environment's Python.  Its output is streamed line by line into the task log; a non-zero exit
 fails the task with the stage's own ``ERROR:`` lines; the last line (a JSON document) becomes
 the task's XCom.  If the task is killed, the stage's whole process group is stopped.
@@ -9,24 +9,28 @@ the task's XCom.  If the task is killed, the stage's whole process group is stop
 from __future__ import annotations
 
 import collections
-import json
 import logging
 import os
 import signal
 import subprocess
+from collections.abc import Sequence
 from pathlib import Path
+
+from airflow.sdk.exceptions import AirflowException
 
 from pipelines.rundir import RunDir
 from pipelines.spec import JobSpec, load_spec
-from pipelines.stages import StageContext
+from pipelines.stages import StageContext, last_json_object, stage_command
 
 log = logging.getLogger(__name__)
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 
 
-class StageFailed(RuntimeError):
-    """The stage exited non-zero; the message carries its error lines."""
+class StageProcessError(AirflowException):
+    """A stage's process (subprocess or pod) could not start, exited non-zero or printed no JSON
+    result; the message carries its last or error lines.  (Not :class:`pipelines.errors.StageError`,
+    which a stage raises inside that process.)"""
 
 
 def trainer_python() -> str:
@@ -37,7 +41,7 @@ def trainer_python() -> str:
     candidate = PROJECT_ROOT / ".venv-trainer" / "bin" / "python"
     if candidate.exists():
         return str(candidate)
-    raise StageFailed(
+    raise StageProcessError(
         f"no trainer environment: {candidate} does not exist and HETERO_TRAINER_PYTHON is not set; run 'make setup'"
     )
 
@@ -60,9 +64,13 @@ def run_dir_for(spec: JobSpec, ctx: StageContext) -> RunDir:
     return RunDir.for_run(spec.artifact_root, ctx.dag_id, ctx.run_id)
 
 
-def stage_command(stage: str, spec: JobSpec, run_dir: RunDir, ctx: StageContext, python: str) -> list[str]:
-    """The stage command line, shared by the local runner and the stage pods."""
-    return [python, "-m", "pipelines", stage, "--spec", spec.to_json(), "--run-dir", str(run_dir), *ctx.to_args()]
+def stage_result(lines: Sequence[str], stage: str, where: str) -> dict:
+    """The stage's JSON result (its last JSON object line); the error quotes the last lines otherwise."""
+    result = last_json_object(lines)
+    if result is None:
+        tail = "\n".join(list(lines)[-15:])
+        raise StageProcessError(f"stage {stage!r}: {where} has no JSON result line; last lines:\n{tail}")
+    return result
 
 
 class LocalStage:
@@ -76,7 +84,8 @@ class LocalStage:
     def run(self) -> dict:
         """Run the stage in the trainer environment and return its JSON result."""
         run_dir = run_dir_for(self.spec, self.ctx)
-        cmd = stage_command(self.stage, self.spec, run_dir, self.ctx, self.python or trainer_python())
+        python = self.python or trainer_python()
+        cmd = stage_command(self.stage, self.spec.to_json(), str(run_dir), self.ctx, python)
         log.info("running stage %s in %s", self.stage, run_dir)
         env = dict(os.environ)
         env.setdefault("PYTHONUNBUFFERED", "1")
@@ -104,11 +113,8 @@ class LocalStage:
             self.kill()
         if code != 0:
             detail = "\n".join(errors or list(tail)[-15:])
-            raise StageFailed(f"stage {self.stage!r} failed with exit code {code}:\n{detail}")
-        for line in reversed(tail):
-            if line.startswith("{"):
-                return json.loads(line)
-        raise StageFailed(f"stage {self.stage!r} printed no JSON result; last lines:\n" + "\n".join(tail))
+            raise StageProcessError(f"stage {self.stage!r} failed with exit code {code}:\n{detail}")
+        return stage_result(tail, self.stage, "the output")
 
     def kill(self) -> None:
         if self.proc is not None and self.proc.poll() is None:

@@ -41,11 +41,14 @@ def test_dag_file_parses_fast_without_heavy_imports(dag_file):
 def test_main_dag_structure():
     from airflow.dag_processing.dagbag import DagBag
 
+    from pipelines.stages import STAGES
+
     bag = DagBag(dag_folder=str(ROOT / "dags" / "train_pipeline.py"))
     assert "train_pipeline" in bag.dags, bag.import_errors
     dag = bag.dags["train_pipeline"]
     order = ["preload", "estimate", "lr_search", "train", "analyze"]
-    assert set(dag.task_ids) == set(order)
+    assert list(STAGES) == order and set(dag.task_ids) == set(order)
+    assert all(task.stage == task.task_id for task in dag.tasks)  # one name per stage
     for upstream, downstream in zip(order, order[1:], strict=False):
         assert dag.get_task(downstream).upstream_task_ids == {upstream}
     for task in dag.tasks:

@@ -25,7 +25,7 @@ from hetero.kubernetes_job import (
     GangError,
     HorovodJobOperator,
     PodStartError,
-    RankFailedError,
+    RankPodFailed,
     build_pod,
     identity_from_context,
 )
@@ -85,7 +85,7 @@ def test_one_rank_fails_while_others_run(spec_doc, mixed_plan):
     fake.default = [pulling(), running()]  # ranks 0 and 2 would run forever
     fake.logs[1] = [f"line {i}" for i in range(100)] + ["Traceback: allreduce failed"]
     op = make_operator(spec_doc, mixed_plan, fake, log_tail_lines=5)
-    with pytest.raises(RankFailedError) as info:
+    with pytest.raises(RankPodFailed) as info:
         op.execute(make_context())
     err = info.value
     assert (err.rank, err.exit_code) == (1, 137)
@@ -100,7 +100,7 @@ def test_the_first_rank_to_fail_is_reported(spec_doc, mixed_plan):
         scripts={1: [running(), terminated(1, seconds=50)], 2: [running(), terminated(3, seconds=10)]},
         default=[running()],
     )
-    with pytest.raises(RankFailedError) as info:
+    with pytest.raises(RankPodFailed) as info:
         make_operator(spec_doc, mixed_plan, fake).execute(make_context())
     assert (info.value.rank, info.value.exit_code) == (2, 3)
 
@@ -108,7 +108,7 @@ def test_the_first_rank_to_fail_is_reported(spec_doc, mixed_plan):
 def test_failed_pods_are_kept_when_configured(spec_doc, mixed_plan):
     spec_doc["kubernetes"]["keep_failed_pods"] = True
     fake = FakeCoreV1(scripts={2: [running(), terminated(2)]}, default=[running()])
-    with pytest.raises(RankFailedError):
+    with pytest.raises(RankPodFailed):
         make_operator(spec_doc, mixed_plan, fake).execute(make_context())
     kept = list(fake.pods.values())
     assert [p.metadata.labels["rank"] for p in kept] == ["2"]

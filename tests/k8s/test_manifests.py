@@ -19,7 +19,6 @@ from pipelines.launch.render import render_job
 from pipelines.launch.rendezvous import RENDEZVOUS_PORT
 from pipelines.plan import default_plan, load_plan
 from pipelines.spec import SpecError, load_pool, load_spec
-from pipelines.stages import StageContext
 
 K8S_VERSION = "1.37.0"
 LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
@@ -89,12 +88,25 @@ def test_every_pod_meets_the_restricted_pod_security_standard(rendered):
             ),
             "plain value",
         ),
+        (lambda p: p["spec"].update(hostNetwork=True), "hostNetwork"),
+        (lambda p: p["spec"]["securityContext"].update(runAsUser=0), "spec.securityContext.runAsUser"),
+        (lambda p: p["spec"]["containers"][0]["securityContext"].update(privileged=True), "privileged"),
+        (lambda p: p["spec"]["containers"][0]["securityContext"].update(runAsNonRoot=False), "runAsNonRoot"),
+        (
+            lambda p: p["spec"]["containers"][0]["securityContext"].pop("readOnlyRootFilesystem"),
+            "readOnlyRoot",
+        ),
+        (
+            lambda p: p["spec"]["containers"][0]["resources"]["requests"].update(cpu="999"),
+            "requests must equal",
+        ),
     ],
 )
 def test_the_restricted_check_flags_each_missing_field(rendered, breakage, expected):
     pod = copy.deepcopy(rendered["rank-1.yaml"])
     breakage(pod)
-    assert any(expected in v for v in restricted_violations(pod))
+    violations = restricted_violations(pod)
+    assert len(violations) == 1 and expected in violations[0], violations
 
 
 def test_rank_pods_match_the_plan(rendered, mixed_plan):
@@ -173,19 +185,6 @@ def test_service_account_token_only_when_asked(spec_doc, mixed_plan):
     )
 
 
-def test_stage_pods_run_the_local_command_line(spec_doc):
-    from hetero.stage_runner import stage_command as local_stage_command
-    from pipelines.rundir import RunDir
-
-    spec = load_spec(spec_doc)
-    ctx = StageContext(dag_id="d", run_id=RUN_ID, try_number=2)
-    run_dir = RunDir("/mnt/artifacts/d/run")
-    local = local_stage_command("estimate", spec, run_dir, ctx, "python")
-    ident = k8s.Identity(dag_id="d", run_id=RUN_ID, task_id="estimate", try_number=2)
-    pod = k8s.stage_pod_manifest(spec, "estimate", ident, ctx=ctx, run_dir=str(run_dir))
-    assert pod["spec"]["containers"][0]["command"] == local
-
-
 def test_stage_pod_on_a_device_type_takes_its_resources(spec_doc):
     spec = load_spec(spec_doc)
     pod = k8s.stage_pod_manifest(spec, "lr_search", k8s.Identity(), pool=load_pool(GPU_POOL), device="v100")
@@ -214,8 +213,37 @@ def test_bad_plans_are_named(spec_doc, mixed_plan):
         k8s.rank_pod_manifests(spec, pool, bad, k8s.Identity())
     bad = copy.deepcopy(mixed_plan)
     bad["ranks"][2]["batch"] = 0
-    with pytest.raises(SpecError, match=r"ranks\[2\]\.batch"):
+    with pytest.raises(SpecError, match=r"^plan\.ranks\[2\]\.batch: must be a positive integer, got 0"):
         k8s.rank_pod_manifests(spec, pool, bad, k8s.Identity())
+    bad = copy.deepcopy(mixed_plan)
+    bad["ranks"][1]["rank"] = "1"
+    with pytest.raises(SpecError, match=r"^plan\.ranks\[1\]\.rank: must be an integer, got '1'"):
+        k8s.rank_pod_manifests(spec, pool, bad, k8s.Identity())
+    bad = copy.deepcopy(mixed_plan)
+    bad["ranks"][1]["rank"] = 3
+    with pytest.raises(SpecError, match=r"numbered 0\.\.2, got rank 2 at position 1"):
+        k8s.rank_pod_manifests(spec, pool, bad, k8s.Identity())
+
+
+def test_rank_pods_follow_the_rank_numbers_not_the_list_order(spec_doc, mixed_plan):
+    spec, pool = load_spec(spec_doc), load_pool(GPU_POOL)
+    shuffled = dict(mixed_plan, ranks=list(reversed(mixed_plan["ranks"])))
+    pods = k8s.rank_pod_manifests(spec, pool, shuffled, k8s.Identity())
+    assert [p["metadata"]["labels"]["device_type"] for p in pods] == ["a100", "v100", "t4"]
+
+
+def test_rank_env_places_the_rank_and_its_device(spec_doc):
+    from pipelines.launch.rendezvous import pod_slots
+
+    device = load_pool(GPU_POOL).get("t4")
+    slots = pod_slots(3)
+    env = k8s.rank_env(slots[2], device, 32, "hvd.ml.svc")
+    assert (env["HOROVOD_RANK"], env["HOROVOD_SIZE"], env["HOROVOD_LOCAL_RANK"]) == ("2", "3", "0")
+    assert (env["HETERO_DEVICE_TYPE"], env["HETERO_LOCAL_BATCH"]) == ("t4", "32")
+    assert env["HETERO_CPU_SHARE"] == str(float(device.kubernetes.resources["cpu"]))
+    assert env["HOROVOD_GLOO_RENDEZVOUS_ADDR"] == "hvd.ml.svc" and env["HOROVOD_GLOO_IFACE"] == "eth0"
+    assert "HETERO_HOST_RENDEZVOUS" not in env
+    assert k8s.rank_env(slots[0], device, 32, "hvd.ml.svc")["HETERO_HOST_RENDEZVOUS"] == "1"
 
 
 def test_load_plan_accepts_files_results_and_python_literals(tmp_path, mixed_plan):

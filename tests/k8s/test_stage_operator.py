@@ -1,8 +1,11 @@
-"""StagePodOperator: the pod the provider builds for a stage, and the JSON result it returns."""
+"""A stage as a pod (StagePodOperator) and as a local subprocess (LocalStage): the pod the
+provider builds, the command both run, and the JSON result both return."""
 
 from __future__ import annotations
 
+import datetime as dt
 import json
+import sys
 from types import SimpleNamespace
 
 import kubernetes_validate
@@ -13,19 +16,39 @@ from conftest import make_context
 from kubernetes.client import ApiClient
 from restricted import restricted_violations
 
-from hetero.kubernetes_stage import StagePodOperator, parse_stage_result
+from hetero.kubernetes_stage import StagePodOperator
+from hetero.operators import PipelineStageOperator
+from hetero.stage_runner import LocalStage, StageProcessError, stage_context, stage_result
 from pipelines.launch import k8s
+from pipelines.spec import load_spec
 
 
-def stage_context(**kwargs):
-    ctx = make_context(task_id="preload", **kwargs)
+def task_context(task_id="preload", **kwargs):
+    ctx = make_context(task_id=task_id, **kwargs)
     ctx["dag"] = SimpleNamespace(dag_id="train_pipeline")
     return ctx
 
 
+def fake_python(tmp_path, body: str) -> str:
+    """An executable standing in for the trainer environment's python."""
+    path = tmp_path / "python"
+    path.write_text(f"#!{sys.executable}\nimport json, sys\n{body}\n")
+    path.chmod(0o755)
+    return str(path)
+
+
+def echo_python(tmp_path) -> str:
+    """A python whose 'stage' prints its own arguments as the JSON result."""
+    return fake_python(tmp_path, 'print("starting")\nprint(json.dumps({"argv": sys.argv[1:]}))')
+
+
+def pod_command(op: StagePodOperator) -> list[str]:
+    return list(op.full_pod_spec.spec.containers[0].command)
+
+
 def test_the_provider_builds_a_restricted_valid_stage_pod(spec_doc):
     op = StagePodOperator(task_id="preload", stage="preload", spec_json=json.dumps(spec_doc))
-    ctx = stage_context(try_number=3)
+    ctx = task_context(try_number=3)
     op.prepare(ctx)
     pod = op.build_pod_request_obj(ctx, dry_run=True)
     manifest = ApiClient().sanitize_for_serialization(pod)
@@ -54,14 +77,70 @@ def test_execute_returns_the_last_json_line_of_the_log(monkeypatch, spec_doc):
 
     monkeypatch.setattr(KubernetesPodOperator, "execute", fake_execute)
     op = StagePodOperator(task_id="preload", stage="preload", spec_json=spec_doc)
-    assert op.execute(stage_context()) == {"rows_train": 900, "stage": "preload"}
+    assert op.execute(task_context()) == {"rows_train": 900, "stage": "preload"}
     assert seen["do_xcom_push"] is False  # no sidecar while the pod runs
     assert op.do_xcom_push is True  # the runner still pushes the returned result
 
 
 def test_a_log_without_a_result_fails_quoting_the_last_lines():
     with pytest.raises(AirflowException, match="ERROR: dataset.uri"):
-        parse_stage_result(["starting", "ERROR: dataset.uri '/nope' not found"], "preload")
+        stage_result(["starting", "ERROR: dataset.uri '/nope' not found"], "preload", "the pod's log")
+    lines = ['{"not": "last"}', '{"broken": ', "[1, 2]", "done"]
+    assert stage_result(lines, "preload", "the pod's log") == {"not": "last"}  # the last *object* line
+
+
+@pytest.mark.parametrize("fresh", [False, True])
+def test_the_local_runner_and_the_pod_run_the_same_command(tmp_path, spec_doc, fresh):
+    """Every argument the local subprocess gets (its real argv) is the pod's, ``--fresh`` included."""
+    context = task_context("estimate", try_number=2)
+    context["data_interval_start"] = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
+    context["data_interval_end"] = dt.datetime(2026, 1, 2, tzinfo=dt.UTC)
+    spec = load_spec(spec_doc)
+    local = LocalStage("estimate", spec, stage_context(context, fresh), python=echo_python(tmp_path)).run()[
+        "argv"
+    ]
+    op = StagePodOperator(task_id="estimate", stage="estimate", spec_json=spec.to_json(), fresh=fresh)
+    op.prepare(context)
+    pod = pod_command(op)
+    assert pod[0] == "python" and pod[1:] == local
+    assert ("--fresh" in local) == fresh
+    assert local[local.index("--data-interval-end") + 1] == "2026-01-02T00:00:00+00:00"
+
+
+def test_the_dag_task_runs_the_same_command_on_either_launcher(monkeypatch, tmp_path, spec_doc):
+    """PipelineStageOperator, as the DAG runs it: a subprocess with launcher=local, a pod otherwise."""
+    monkeypatch.setenv("HETERO_TRAINER_PYTHON", echo_python(tmp_path))
+    pods = []
+
+    def fake_execute(self, context):
+        pods.append(pod_command(self))
+        self.log_formatter(self.base_container_name, '{"ok": true}')
+
+    monkeypatch.setattr(KubernetesPodOperator, "execute", fake_execute)
+
+    def run(launcher):
+        context = task_context("lr_search", try_number=3)
+        context["params"] = dict(spec_doc, launcher=launcher)
+        return PipelineStageOperator(task_id="lr_search", stage="lr_search").execute(context)
+
+    local = run("local")["argv"]
+    assert run("kubernetes") == {"ok": True}
+    pod = pods[0][1:]
+    at = local.index("--spec") + 1  # the spec differs in its launcher field only
+    specs = [json.loads(c[at]) for c in (local, pod)]
+    assert [s.pop("launcher") for s in specs] == ["local", "kubernetes"] and specs[0] == specs[1]
+    assert local[:at] + local[at + 1 :] == pod[:at] + pod[at + 1 :]
+    assert local[:3] == ["-m", "pipelines", "lr_search"]
+
+
+def test_a_local_stage_that_fails_quotes_its_error_lines(tmp_path, spec_doc):
+    python = fake_python(tmp_path, 'print("working")\nprint("ERROR: dataset.uri missing")\nsys.exit(2)')
+    ctx = stage_context(make_context(), False)
+    with pytest.raises(StageProcessError, match=r"exit code 2:\nERROR: dataset.uri missing"):
+        LocalStage("preload", load_spec(spec_doc), ctx, python=python).run()
+    python = fake_python(tmp_path, 'print("no result")')
+    with pytest.raises(StageProcessError, match=r"no JSON result line; last lines:\nno result"):
+        LocalStage("preload", load_spec(spec_doc), ctx, python=python).run()
 
 
 def test_only_pod_stages_are_accepted(spec_doc):
@@ -72,5 +151,5 @@ def test_only_pod_stages_are_accepted(spec_doc):
 def test_keep_failed_pods_keeps_failed_stage_pods(spec_doc):
     spec_doc["kubernetes"]["keep_failed_pods"] = True
     op = StagePodOperator(task_id="analyze", stage="analyze", spec_json=spec_doc)
-    op.prepare(stage_context())
+    op.prepare(task_context())
     assert op.on_finish_action.value == "delete_succeeded_pod"

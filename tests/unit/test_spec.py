@@ -1,12 +1,14 @@
-"""Job spec and pool validation: good documents load, bad ones name the field."""
+"""Job spec, pool and plan validation: good documents load, bad ones name the field or file."""
 
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
-from pipelines.spec import SpecError, job_schema, load_pool, load_spec
+from pipelines.plan import load_plan
+from pipelines.spec import SpecError, job_schema, load_pool, load_spec, read_mapping
 
 GOOD = {"dataset": {"uri": "/data/shapes"}}
 
@@ -96,3 +98,106 @@ def test_bad_pool_names_the_field(tmp_path):
                  "  - {name: a, count: 1, memory_gb: 1, power_watts: 1, cost_per_hour: 0}\n")
     with pytest.raises(SpecError, match=r"repeated: \['a'\]"):
         load_pool(f)
+
+
+# ------------------------------------------------------------------------ documents and plans
+
+PLAN = {
+    "global_batch": 96,
+    "ranks": [{"rank": 0, "device": "fast", "batch": 64}, {"rank": 1, "device": "slow", "batch": 32}],
+}
+
+
+def test_read_mapping_takes_dicts_json_python_literals_and_files(tmp_path):
+    assert read_mapping(PLAN, "plan") == (PLAN, "plan")
+    assert read_mapping(json.dumps(PLAN), "plan") == (PLAN, "plan (inline JSON)")
+    literal = str({"a": None, "b": True})  # a dict as Jinja renders it without native objects
+    assert read_mapping(f"  {literal}\n", "pool")[0] == {"a": None, "b": True}
+    (tmp_path / "p.json").write_text(json.dumps({"lr": 1e-05}))  # YAML would read "1e-05", a string
+    assert read_mapping(tmp_path / "p.json", "plan") == ({"lr": 1e-05}, str(tmp_path / "p.json"))
+    (tmp_path / "p.yaml").write_text("lr: 0.5\nranks: [1, 2]\n")
+    assert read_mapping(str(tmp_path / "p.yaml"), "pool")[0] == {"lr": 0.5, "ranks": [1, 2]}
+
+
+@pytest.mark.parametrize(
+    "source, message",
+    [
+        ("{not json", r"^plan \(inline JSON\): not valid JSON"),
+        ("{1, 2}", r"^plan \(inline JSON\): expected a mapping at the top level, got set"),
+        (["a"], r"^plan: expected a mapping, inline JSON or a file path, got list"),
+        ("missing.json", r"^missing\.json: file not found"),
+    ],
+)
+def test_read_mapping_errors_name_the_document(source, message):
+    with pytest.raises(SpecError, match=message):
+        read_mapping(source, "plan")
+
+
+def test_read_mapping_file_errors_name_the_file(tmp_path):
+    bad_json = tmp_path / "plan.json"
+    bad_json.write_text("{'ranks': ")
+    with pytest.raises(SpecError, match=r"plan\.json: not valid JSON"):
+        read_mapping(bad_json, "plan")
+    bad_yaml = tmp_path / "pool.yaml"
+    bad_yaml.write_text("device_types: [\n")
+    with pytest.raises(SpecError, match=r"pool\.yaml: not valid YAML/JSON"):
+        load_pool(bad_yaml)
+    bad_yaml.write_text("- a\n")
+    with pytest.raises(SpecError, match=r"pool\.yaml: expected a mapping at the top level, got list"):
+        load_pool(bad_yaml)
+
+
+def test_inline_and_python_literal_specs_and_pools_load():
+    assert load_spec(str(GOOD)).dataset.uri == "/data/shapes"
+    pool = {"device_types": [{"name": "a", "count": 1, "memory_gb": 1, "power_watts": 1, "cost_per_hour": 0}]}
+    assert load_pool(json.dumps(pool)).get("a").count == 1
+    with pytest.raises(SpecError, match=r"^pool: 1 invalid field\(s\)\n  device_types: required field missing"):
+        load_pool({})
+
+
+def test_load_plan_takes_a_plan_or_the_estimate_result(tmp_path):
+    assert load_plan(PLAN) is PLAN
+    (tmp_path / "result.json").write_text(json.dumps({"plan": PLAN, "input_key": "k"}))
+    assert load_plan(tmp_path / "result.json") == PLAN
+    assert load_plan(str(PLAN)) == PLAN
+
+
+def _with_rank(i: int, rank) -> dict:
+    ranks = [dict(r) for r in PLAN["ranks"]]
+    ranks[i] = rank
+    return dict(PLAN, ranks=ranks)
+
+
+@pytest.mark.parametrize(
+    "plan, message",
+    [
+        ({"global_batch": 4}, r"^plan\.ranks: must be a non-empty list, got None"),
+        (dict(PLAN, ranks=[]), r"^plan\.ranks: must be a non-empty list, got \[\]"),
+        (dict(PLAN, ranks={"0": {}}), r"^plan\.ranks: must be a non-empty list"),
+        (_with_rank(1, "slow"), r"^plan\.ranks\[1\]: must be an object with device and batch, got 'slow'"),
+        (_with_rank(1, {"rank": 1, "batch": 32}), r"^plan\.ranks\[1\]\.device: must be a device type name, got None"),
+        (_with_rank(0, {"rank": 0, "device": 3, "batch": 32}), r"^plan\.ranks\[0\]\.device: .*got 3"),
+        (_with_rank(1, {"rank": 1, "device": "slow"}), r"^plan\.ranks\[1\]\.batch: must be a positive integer, got None"),
+        (_with_rank(1, {"rank": 1, "device": "slow", "batch": 0}), r"^plan\.ranks\[1\]\.batch: .*got 0"),
+        (_with_rank(1, {"rank": 1, "device": "slow", "batch": -8}), r"^plan\.ranks\[1\]\.batch: .*got -8"),
+        (_with_rank(1, {"rank": 1, "device": "slow", "batch": 2.5}), r"^plan\.ranks\[1\]\.batch: .*got 2\.5"),
+        (_with_rank(1, {"rank": 1, "device": "slow", "batch": "32"}), r"^plan\.ranks\[1\]\.batch: .*got '32'"),
+        (_with_rank(1, {"rank": 1, "device": "slow", "batch": True}), r"^plan\.ranks\[1\]\.batch: .*got True"),
+    ],
+)
+def test_bad_plans_name_the_field(plan, message):
+    with pytest.raises(SpecError, match=message):
+        load_plan(plan)
+    with pytest.raises(SpecError, match=message.replace("^plan", r"^plan \(inline JSON\): plan")):
+        load_plan(json.dumps(plan))
+
+
+def test_a_bad_plan_file_is_named(tmp_path):
+    path = tmp_path / "plan.json"
+    path.write_text(json.dumps(_with_rank(1, {"rank": 1, "device": "slow", "batch": 0})))
+    message = rf"^{re.escape(str(path))}: plan\.ranks\[1\]\.batch: must be a positive integer, got 0"
+    with pytest.raises(SpecError, match=message):
+        load_plan(path)
+    path.write_text("[1, 2]")
+    with pytest.raises(SpecError, match=r"plan\.json: expected a mapping at the top level, got list"):
+        load_plan(path)
