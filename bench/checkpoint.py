@@ -20,8 +20,8 @@ without them, measured in the same run, so the machine's drift between runs does
 also holds what a save costs after it returns (the kernel writing the files out), but on a shared
 2-core machine runs differ by 10-20%, more than a save costs.  Ends with one JSON line:
 ``{"with_vs_without": ..., "every": N, "by_every": {N: {"with_vs_without", "across_runs",
-"save_ms", "saves"}}, ...}`` for the first interval at the top; the design's goal for
-``with_vs_without`` is at most 1.05.
+"save_ms", "saves"}}, ...}`` for the first interval at the top; the goal for
+``with_vs_without`` is at most 1.05 (README.md, "Benchmarks").
 """
 
 from __future__ import annotations
