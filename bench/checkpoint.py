@@ -20,8 +20,8 @@ without them, measured in the same run, so the machine's drift between runs does
 also holds what a save costs after it returns (the kernel writing the files out), but on a shared
 2-core machine runs differ by 10-20%, more than a save costs.  Ends with one JSON line:
 ``{"with_vs_without": ..., "every": N, "by_every": {N: {"with_vs_without", "across_runs",
-"save_ms", "saves"}}, ...}`` for the first interval at the top; the design's goal for
-``with_vs_without`` is at most 1.05.
+"save_ms", "saves"}}, ...}`` for the first interval at the top; the goal for
+``with_vs_without`` is at most 1.05 (README.md, "Benchmarks").
 """
 
 from __future__ import annotations
@@ -42,7 +42,8 @@ from pipelines.launch.local import Profile  # noqa: E402
 NEVER = 10**9  # checkpoint_every_steps that no run reaches
 
 
-def main() -> int:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The arguments, checked: positive intervals, and an epoch longer than a run."""
     from pipelines.spec import TrainingSpec
 
     default_every = TrainingSpec.model_fields["checkpoint_every_steps"].default
@@ -58,7 +59,7 @@ def main() -> int:
                    help="steps of the run in which the trainer chooses the batches (default: %(default)s)")
     p.add_argument("--rows", type=int, default=60000, help="training rows (default: %(default)s)")
     p.add_argument("--keep", action="store_true", help="keep the work folder")
-    args = p.parse_args()
+    args = p.parse_args(argv)
     if any(n < 1 for n in args.every):
         p.error(f"--every: intervals must be at least 1 step, got {args.every}")
     steps_needed = args.warmup + max(args.steps, args.tune_steps)
@@ -66,57 +67,72 @@ def main() -> int:
     if steps_needed > epoch_steps:
         p.error(f"--rows {args.rows}: an epoch of B = {args.global_batch} is {epoch_steps} steps, shorter than the "
                 f"{steps_needed} steps of a run (an epoch-end save would fall in the measured steps); raise --rows")
+    return args
 
-    fast = Profile("fast", (1,), 1.0)
-    slow = Profile("slow", (0,), 0.4)
+
+def measure_settings(run: Path, devices: list[Profile], batches: list[int], args) -> tuple[dict, dict, dict]:
+    """Every repeat runs every setting (no periodic checkpoints, then each ``--every``), in an order
+    that alternates between repeats.  Returns per setting the runs' seconds, and per interval each
+    run's time over its time less its saves, and the saves' seconds."""
+    settings = [NEVER, *args.every]
+    seconds: dict[int, list[float]] = {n: [] for n in settings}
+    in_run: dict[int, list[float]] = {n: [] for n in args.every}
+    saves: dict[int, list[float]] = {n: [] for n in args.every}
+    last = args.warmup + args.steps  # the run's last step: its save comes after the loop
+    for k in range(args.repeats):
+        for every in settings if k % 2 == 0 else list(reversed(settings)):
+            write_spec(run, args.global_batch, epochs=1, checkpoint_every_steps=every)
+            r = measure(run, f"every-{every}", devices, batches, args)
+            seconds[every].append(r["seconds"])
+            label = "without" if every == NEVER else f"every {every}"
+            if every != NEVER:
+                # saves inside the measured windows (the first window is not measured)
+                inside = [c["seconds"] for c in r["checkpoint_saves"] if args.warmup < c["step"] < last]
+                saves[every] += inside
+                in_run[every].append(r["seconds"] / (r["seconds"] - sum(inside)))
+                label += f" ({len(inside)} saves, {1000 * sum(inside):.0f} ms)"
+            print(f"repeat {k + 1}: {label:30s} {r['seconds']:7.2f} s for {r['steps']} steps", file=sys.stderr)
+    return seconds, in_run, saves
+
+
+def summary_line(seconds: dict, in_run: dict, saves: dict, batches: list[int], args) -> dict:
+    """The final JSON line: the figures of every interval, the first one's at the top."""
+    base = statistics.median(seconds[NEVER])
+    by_every = {
+        str(n): {
+            "with_vs_without": round(statistics.median(in_run[n]), 4),
+            "across_runs": round(statistics.median(seconds[n]) / base, 3),
+            "across_runs_spread": [round(min(seconds[n]) / base, 3), round(max(seconds[n]) / base, 3)],
+            "save_ms": round(1000 * statistics.median(saves[n]), 1) if saves[n] else None,
+            "saves": len(saves[n]) // args.repeats,
+        }
+        for n in args.every
+    }
+    first = by_every[str(args.every[0])]
+    return {
+        "with_vs_without": first["with_vs_without"],
+        "across_runs": first["across_runs"],
+        "every": args.every[0],
+        "by_every": by_every,
+        "seconds_without": round(base, 2),
+        "steps": args.steps,
+        "global_batch": args.global_batch,
+        "batches": batches,
+        "repeats": args.repeats,
+    }
+
+
+def main() -> int:
+    args = parse_args()
+    devices = [Profile("fast", (1,), 1.0), Profile("slow", (0,), 0.4)]
     work = Path(tempfile.mkdtemp(prefix="bench-checkpoint-"))
     try:
         run = prepare(work, args.rows, seed=0)
         write_spec(run, args.global_batch, epochs=1, checkpoint_every_steps=NEVER)
-        batches = measure(run, "tune", [fast, slow], None, args, steps=args.tune_steps)["batches"]
+        batches = measure(run, "tune", devices, None, args, steps=args.tune_steps)["batches"]
         print(f"the trainer chose {batches}", file=sys.stderr)
-        settings = [NEVER, *args.every]
-        seconds: dict[int, list[float]] = {n: [] for n in settings}
-        in_run: dict[int, list[float]] = {n: [] for n in args.every}
-        saves: dict[int, list[float]] = {n: [] for n in args.every}
-        last = args.warmup + args.steps  # the run's last step: its save comes after the loop
-        for k in range(args.repeats):
-            for every in settings if k % 2 == 0 else list(reversed(settings)):
-                write_spec(run, args.global_batch, epochs=1, checkpoint_every_steps=every)
-                r = measure(run, f"every-{every}", [fast, slow], batches, args)
-                seconds[every].append(r["seconds"])
-                label = "without" if every == NEVER else f"every {every}"
-                if every != NEVER:
-                    # saves inside the measured windows (the first window is not measured)
-                    inside = [c["seconds"] for c in r["checkpoint_saves"] if args.warmup < c["step"] < last]
-                    saves[every] += inside
-                    in_run[every].append(r["seconds"] / (r["seconds"] - sum(inside)))
-                    label += f" ({len(inside)} saves, {1000 * sum(inside):.0f} ms)"
-                print(f"repeat {k + 1}: {label:30s} {r['seconds']:7.2f} s for {r['steps']} steps", file=sys.stderr)
-        base = statistics.median(seconds[NEVER])
-        by_every = {
-            str(n): {
-                "with_vs_without": round(statistics.median(in_run[n]), 4),
-                "across_runs": round(statistics.median(seconds[n]) / base, 3),
-                "across_runs_spread": [round(min(seconds[n]) / base, 3), round(max(seconds[n]) / base, 3)],
-                "save_ms": round(1000 * statistics.median(saves[n]), 1) if saves[n] else None,
-                "saves": len(saves[n]) // args.repeats,
-            }
-            for n in args.every
-        }
-        first = by_every[str(args.every[0])]
-        line = {
-            "with_vs_without": first["with_vs_without"],
-            "across_runs": first["across_runs"],
-            "every": args.every[0],
-            "by_every": by_every,
-            "seconds_without": round(base, 2),
-            "steps": args.steps,
-            "global_batch": args.global_batch,
-            "batches": batches,
-            "repeats": args.repeats,
-        }
-        print(json.dumps(line))
+        seconds, in_run, saves = measure_settings(run, devices, batches, args)
+        print(json.dumps(summary_line(seconds, in_run, saves, batches, args)))
     finally:
         if not args.keep:
             shutil.rmtree(work, ignore_errors=True)

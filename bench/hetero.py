@@ -164,7 +164,7 @@ def figures_of(r: dict) -> dict:
     }
 
 
-def main() -> int:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--global-batch", type=int, default=512, help="global batch B (default: %(default)s)")
     p.add_argument("--steps", type=int, default=80, help="measured steps per configuration (default: %(default)s)")
@@ -181,66 +181,87 @@ def main() -> int:
     p.add_argument("--slow-period-ms", type=float, default=100.0,
                    help="CFS period of the slow device's quota (default: %(default)s, the kubelet's)")
     p.add_argument("--keep", action="store_true", help="keep the work folder")
-    args = p.parse_args()
+    return p.parse_args(argv)
 
-    fast = Profile("fast", (1,), 1.0)
-    slow = Profile("slow", (0,), args.slow_share, cpu_period_ms=args.slow_period_ms)
-    other_full = Profile("full0", (0,), 1.0)
+
+def run_round(run: Path, k: int, devices: dict[str, Profile], args) -> dict[str, dict]:
+    """One round: the trainer's own choice of batches, then every configuration (forward and, unless
+    ``--no-reverse``, in reverse order); each configuration's runs combined."""
+    fast, slow = devices["fast"], devices["slow"]
+    tuned = measure(run, "tune", [fast, slow], None, args, steps=args.tune_steps)
+    b_fast, b_slow = tuned["batches"]
+    print(f"round {k + 1}: the trainer chose {tuned['batches']} ({tuned['rebalances']} re-balance(s) after calibration)",
+          file=sys.stderr)
+    B = args.global_batch
+    half = [B // 2, B - B // 2]
+    setups = {
+        "balanced": ([fast, slow], [b_fast, b_slow]),
+        "equal": ([fast, slow], half),
+        "fast_alone": ([fast], [b_fast]),
+        "slow_alone": ([slow], [b_slow]),
+        "one_full": ([fast], [half[0]]),
+        "two_full": ([fast, devices["full0"]], half),
+    }
+    runs: dict[str, list[dict]] = {}
+    order = list(CONFIGS) + list(reversed(CONFIGS)) if args.reverse else list(CONFIGS)
+    for name in order:
+        if name == "both_alone":  # fast_alone and slow_alone at the same time
+            jobs = {"side_fast": setups["fast_alone"], "side_slow": setups["slow_alone"]}
+            runs.setdefault(name, []).append(measure_side_by_side(run, jobs, args))
+        else:
+            runs.setdefault(name, []).append(measure(run, name, *setups[name], args))
+    return {name: combined(results) for name, results in runs.items()}
+
+
+def print_round(k: int, r: dict[str, dict]) -> None:
+    """A round's figures and every configuration's throughput and time shares, on stderr."""
+    print(f"round {k + 1}: " + json.dumps({n: round(v, 3) for n, v in figures_of(r).items()}), file=sys.stderr)
+    for name in CONFIGS:
+        res = r[name]
+        print(f"  {name:11s} {res['samples_per_sec']:9.1f} samples/s  batches {res['batches']}  "
+              f"compute {[round(x, 2) for x in res['compute_frac']]}  wait {[round(x, 2) for x in res['wait_frac']]}  "
+              f"input {[round(x, 3) for x in res['input_frac']]}", file=sys.stderr)
+
+
+def summary_line(rounds: list[dict[str, dict]], args) -> dict:
+    """The final JSON line: each figure's median over rounds, and what the rounds ran."""
+    per_round = [figures_of(r) for r in rounds]
+    line = {n: round(statistics.median(f[n] for f in per_round), 3) for n in per_round[0]}
+    line.update({
+        "global_batch": args.global_batch,
+        "slow_period_ms": args.slow_period_ms,
+        "rounds": len(rounds),
+        "spread": {n: [round(min(f[n] for f in per_round), 3), round(max(f[n] for f in per_round), 3)] for n in per_round[0]},
+        "balanced_batches": [r["balanced"]["batches"] for r in rounds],
+        "samples_per_sec": {n: round(statistics.median(r[n]["samples_per_sec"] for r in rounds), 1) for n in CONFIGS},
+        "quota_enforced": all(v["quota_enforced"] for r in rounds for v in r.values()),
+        "cpu_count": os.cpu_count(),
+    })
+    return line
+
+
+def main() -> int:
+    args = parse_args()
+    devices = {
+        "fast": Profile("fast", (1,), 1.0),
+        "slow": Profile("slow", (0,), args.slow_share, cpu_period_ms=args.slow_period_ms),
+        "full0": Profile("full0", (0,), 1.0),
+    }
     work = Path(tempfile.mkdtemp(prefix="bench-hetero-"))
     try:
         run = prepare(work, args.rows, seed=0)
         steps_needed = args.warmup + max(args.steps, args.tune_steps)
         epochs = max(1, -(-steps_needed * args.global_batch // int(args.rows * 0.95)))
         write_spec(run, args.global_batch, epochs)
-        B = args.global_batch
-        half = [B // 2, B - B // 2]
-        rounds = []
         # The machine's speed drifts (a shared host). Every round runs the seven configurations back
         # to back and then again in reverse order (A B C ... C B A), so a drift that is steady over
         # the round adds the same to both runs of each configuration and cancels in the ratios;
         # each round gives its own ratios, and the figures are medians over rounds.
+        rounds = []
         for k in range(args.rounds):
-            runs: dict[str, list[dict]] = {}
-            tuned = measure(run, "tune", [fast, slow], None, args, steps=args.tune_steps)
-            b_fast, b_slow = tuned["batches"]
-            print(f"round {k + 1}: the trainer chose {tuned['batches']} ({tuned['rebalances']} re-balance(s) after calibration)",
-                  file=sys.stderr)
-            setups = {
-                "balanced": ([fast, slow], [b_fast, b_slow]),
-                "equal": ([fast, slow], half),
-                "fast_alone": ([fast], [b_fast]),
-                "slow_alone": ([slow], [b_slow]),
-                "one_full": ([fast], [half[0]]),
-                "two_full": ([fast, other_full], half),
-            }
-            order = list(CONFIGS) + list(reversed(CONFIGS)) if args.reverse else list(CONFIGS)
-            for name in order:
-                if name == "both_alone":  # fast_alone and slow_alone at the same time
-                    jobs = {"side_fast": setups["fast_alone"], "side_slow": setups["slow_alone"]}
-                    runs.setdefault(name, []).append(measure_side_by_side(run, jobs, args))
-                else:
-                    runs.setdefault(name, []).append(measure(run, name, *setups[name], args))
-            r = {name: combined(results) for name, results in runs.items()}
-            rounds.append(r)
-            print(f"round {k + 1}: " + json.dumps({n: round(v, 3) for n, v in figures_of(r).items()}), file=sys.stderr)
-            for name in CONFIGS:
-                res = r[name]
-                print(f"  {name:11s} {res['samples_per_sec']:9.1f} samples/s  batches {res['batches']}  "
-                      f"compute {[round(x, 2) for x in res['compute_frac']]}  wait {[round(x, 2) for x in res['wait_frac']]}  "
-                      f"input {[round(x, 3) for x in res['input_frac']]}", file=sys.stderr)
-        per_round = [figures_of(r) for r in rounds]
-        line = {n: round(statistics.median(f[n] for f in per_round), 3) for n in per_round[0]}
-        line.update({
-            "global_batch": B,
-            "slow_period_ms": args.slow_period_ms,
-            "rounds": len(rounds),
-            "spread": {n: [round(min(f[n] for f in per_round), 3), round(max(f[n] for f in per_round), 3)] for n in per_round[0]},
-            "balanced_batches": [r["balanced"]["batches"] for r in rounds],
-            "samples_per_sec": {n: round(statistics.median(r[n]["samples_per_sec"] for r in rounds), 1) for n in CONFIGS},
-            "quota_enforced": all(v["quota_enforced"] for r in rounds for v in r.values()),
-            "cpu_count": os.cpu_count(),
-        })
-        print(json.dumps(line))
+            rounds.append(run_round(run, k, devices, args))
+            print_round(k, rounds[-1])
+        print(json.dumps(summary_line(rounds, args)))
     finally:
         if not args.keep:
             shutil.rmtree(work, ignore_errors=True)

@@ -26,13 +26,8 @@ class AllocationError(ValueError):
     """The global batch cannot be placed on these ranks (memory caps, too few samples)."""
 
 
-def allocate(throughputs: Sequence[float], global_batch: int, caps: Sequence[int] | None = None) -> list[int]:
-    """Split ``global_batch`` into local batches proportional to ``throughputs``.
-
-    Each batch is >= 1 and <= its cap; the sum is exactly ``global_batch``.  Rounding uses the
-    largest-remainder method, and shares that would exceed a cap are redistributed to the
-    others (water-filling), so the result is as close to proportional as the caps allow.
-    """
+def _checked_caps(throughputs: Sequence[float], global_batch: int, caps: Sequence[int] | None) -> list[int]:
+    """The caps as ints (``global_batch`` each when None); AllocationError when no allocation exists."""
     n = len(throughputs)
     if n == 0:
         raise AllocationError("no ranks to allocate a batch to")
@@ -50,9 +45,16 @@ def allocate(throughputs: Sequence[float], global_batch: int, caps: Sequence[int
             f"global batch {global_batch} does not fit in the ranks' memory: at most {sum(caps)} "
             f"samples per step (per-rank caps {caps})"
         )
+    return caps
 
-    # Water-filling on real-valued shares: ranks whose share exceeds the cap are fixed at the cap
-    # and the rest of the batch is shared among the others in proportion to throughput.
+
+def water_fill(throughputs: Sequence[float], global_batch: int, caps: Sequence[int]) -> list[float]:
+    """Real-valued shares of ``global_batch`` proportional to ``throughputs`` within ``caps``.
+
+    Ranks whose share exceeds the cap are fixed at the cap and the rest of the batch is shared
+    among the others in proportion to throughput, until no share exceeds its cap.
+    """
+    n = len(throughputs)
     share = [0.0] * n
     free = set(range(n))
     remaining = float(global_batch)
@@ -67,8 +69,17 @@ def allocate(throughputs: Sequence[float], global_batch: int, caps: Sequence[int
             share[i] = float(caps[i])
             remaining -= caps[i]
             free.discard(i)
+    return share
 
-    # Every rank needs at least one sample; then round with the largest remainders.
+
+def round_shares(share: Sequence[float], throughputs: Sequence[float], global_batch: int, caps: Sequence[int]) -> list[int]:
+    """Integer batches from real shares: each at least 1 and at most its cap, summing to ``global_batch``.
+
+    Shares under one sample are raised to one, taking the difference from the shares above one in
+    proportion to their excess; then the batches are rounded down and the samples left over go to
+    the largest remainders (ties: the faster rank).
+    """
+    n = len(share)
     share = [max(1.0, s) for s in share]
     scale_pool = [i for i in range(n) if share[i] > 1.0]
     excess = sum(share) - global_batch
@@ -88,7 +99,7 @@ def allocate(throughputs: Sequence[float], global_batch: int, caps: Sequence[int
                 batches[i] += 1
                 short -= 1
                 progressed = True
-        if not progressed:  # pragma: no cover - excluded by the sum(caps) check above
+        if not progressed:  # pragma: no cover - excluded by the sum(caps) check in allocate
             raise AllocationError("cannot place the global batch within the caps")
     while short < 0:
         for i in reversed(order):
@@ -98,6 +109,17 @@ def allocate(throughputs: Sequence[float], global_batch: int, caps: Sequence[int
                 batches[i] -= 1
                 short += 1
     return batches
+
+
+def allocate(throughputs: Sequence[float], global_batch: int, caps: Sequence[int] | None = None) -> list[int]:
+    """Split ``global_batch`` into local batches proportional to ``throughputs``.
+
+    Each batch is >= 1 and <= its cap; the sum is exactly ``global_batch``.  Rounding uses the
+    largest-remainder method, and shares that would exceed a cap are redistributed to the
+    others (water-filling), so the result is as close to proportional as the caps allow.
+    """
+    caps = _checked_caps(throughputs, global_batch, caps)
+    return round_shares(water_fill(throughputs, global_batch, caps), throughputs, global_batch, caps)
 
 
 def loss_weights(batches: Sequence[int]) -> list[float]:

@@ -166,74 +166,77 @@ def _rank_series(scalars: dict, name: str) -> dict[int, list]:
     return dict(sorted(out.items()))
 
 
-def _per_rank(train: dict, scalars: dict) -> str:
-    ranks = sorted(train.get("ranks") or [], key=lambda r: r.get("rank", 0))
-    parts = []
-    if ranks:
-        labels = [f"{r.get('rank')}\n{r.get('device', '')}" for r in ranks]
-        x = list(range(len(ranks)))
-        compute = [float(r.get("compute_s") or 0) for r in ranks]
-        wait = [float(r.get("wait_s") or 0) for r in ranks]
-        input_wait = [float(r.get("input_wait_s") or 0) for r in ranks]
-        fig, (ax1, ax2, ax3) = _figure(3, width=4.2)
-        ax1.bar(x, compute, label="compute", color="C0")
-        ax1.bar(x, wait, bottom=compute, label="allreduce wait", color="C3")
-        ax1.bar(
-            x,
-            input_wait,
-            bottom=[c + w for c, w in zip(compute, wait, strict=True)],
-            label="input wait",
-            color="C7",
+def _rank_bars(ranks: list[dict]) -> str:
+    """Bars per rank: time (compute, allreduce wait, input wait), throughput and local batch."""
+    labels = [f"{r.get('rank')}\n{r.get('device', '')}" for r in ranks]
+    x = list(range(len(ranks)))
+    compute = [float(r.get("compute_s") or 0) for r in ranks]
+    wait = [float(r.get("wait_s") or 0) for r in ranks]
+    input_wait = [float(r.get("input_wait_s") or 0) for r in ranks]
+    fig, (ax1, ax2, ax3) = _figure(3, width=4.2)
+    ax1.bar(x, compute, label="compute", color="C0")
+    ax1.bar(x, wait, bottom=compute, label="allreduce wait", color="C3")
+    ax1.bar(
+        x,
+        input_wait,
+        bottom=[c + w for c, w in zip(compute, wait, strict=True)],
+        label="input wait",
+        color="C7",
+    )
+    ax1.set(title="Time per rank", ylabel="seconds")
+    ax1.legend(fontsize=8)
+    ax2.bar(x, [float(r.get("samples_per_sec") or 0) for r in ranks], color="C2")
+    ax2.set(title="Throughput per rank", ylabel="samples / s")
+    ax3.bar(x, [float(r.get("batch") or 0) for r in ranks], color="C4")
+    ax3.set(title="Local batch per rank", ylabel="samples")
+    for ax in (ax1, ax2, ax3):
+        ax.set_xticks(x, labels, fontsize=8)
+        ax.set_xlabel("rank / device")
+    return _img(fig, "per-rank time, throughput and batch")
+
+
+def _rank_table(ranks: list[dict]) -> str:
+    rows = [
+        (
+            r.get("rank"),
+            r.get("device", ""),
+            r.get("batch"),
+            r.get("samples_per_sec"),
+            r.get("compute_s"),
+            r.get("wait_s"),
+            r.get("input_wait_s"),
+            _Raw(_pct(r.get("balance_efficiency"))),
         )
-        ax1.set(title="Time per rank", ylabel="seconds")
-        ax1.legend(fontsize=8)
-        ax2.bar(x, [float(r.get("samples_per_sec") or 0) for r in ranks], color="C2")
-        ax2.set(title="Throughput per rank", ylabel="samples / s")
-        ax3.bar(x, [float(r.get("batch") or 0) for r in ranks], color="C4")
-        ax3.set(title="Local batch per rank", ylabel="samples")
-        for ax in (ax1, ax2, ax3):
-            ax.set_xticks(x, labels, fontsize=8)
-            ax.set_xlabel("rank / device")
-        parts.append(_img(fig, "per-rank time, throughput and batch"))
-        rows = [
-            (
-                r.get("rank"),
-                r.get("device", ""),
-                r.get("batch"),
-                r.get("samples_per_sec"),
-                r.get("compute_s"),
-                r.get("wait_s"),
-                r.get("input_wait_s"),
-                _Raw(_pct(r.get("balance_efficiency"))),
-            )
-            for r in ranks
-        ]
-        headers = [
-            "Rank",
-            "Device",
-            "Batch",
-            "Samples/s",
-            "Compute s",
-            "Allreduce wait s",
-            "Input wait s",
-            "Efficiency",
-        ]
-        parts.append(_table(headers, rows, left=2))
-    else:
-        parts.append(_missing("The train result lists no ranks."))
+        for r in ranks
+    ]
+    headers = ["Rank", "Device", "Batch", "Samples/s", "Compute s", "Allreduce wait s", "Input wait s", "Efficiency"]
+    return _table(headers, rows, left=2)
+
+
+def _rank_series_plot(scalars: dict) -> str:
+    """Each rank's throughput and local batch over training ("" when the events have neither)."""
     series = _rank_series(scalars, "samples_per_sec")
     batches = _rank_series(scalars, "batch")
-    if series or batches:
-        panels = [(s, t) for s, t in ((series, "samples / s"), (batches, "local batch")) if s]
-        fig, axes = _figure(len(panels))
-        for ax, (data, ylabel) in zip(axes, panels, strict=True):
-            for rank, points in data.items():
-                ax.plot(*_xy(points), label=f"rank {rank}")
-            ax.set(title=f"{ylabel} per rank over training", xlabel="step", ylabel=ylabel)
-            ax.legend(fontsize=8)
-            ax.grid(alpha=0.3)
-        parts.append(_img(fig, "per-rank throughput and batch over time"))
-    return "".join(parts)
+    if not (series or batches):
+        return ""
+    panels = [(s, t) for s, t in ((series, "samples / s"), (batches, "local batch")) if s]
+    fig, axes = _figure(len(panels))
+    for ax, (data, ylabel) in zip(axes, panels, strict=True):
+        for rank, points in data.items():
+            ax.plot(*_xy(points), label=f"rank {rank}")
+        ax.set(title=f"{ylabel} per rank over training", xlabel="step", ylabel=ylabel)
+        ax.legend(fontsize=8)
+        ax.grid(alpha=0.3)
+    return _img(fig, "per-rank throughput and batch over time")
+
+
+def _per_rank(train: dict, scalars: dict) -> str:
+    ranks = sorted(train.get("ranks") or [], key=lambda r: r.get("rank", 0))
+    if ranks:
+        parts = [_rank_bars(ranks), _rank_table(ranks)]
+    else:
+        parts = [_missing("The train result lists no ranks.")]
+    return "".join(parts) + _rank_series_plot(scalars)
 
 
 def _balance(scalars: dict, metrics: dict) -> str:
@@ -397,7 +400,7 @@ def build_report(
     """The HTML report (one self-contained string).
 
     ``train``, ``estimate``, ``lr_search``, ``preload`` are the stages' result dicts (see
-    docs/CONTRACTS.md; the last three may be None), ``scalars`` comes from
+    docs/ARCHITECTURE.md, "Stages and their contracts"; the last three may be None), ``scalars`` comes from
     :func:`pipelines.analyze.events.read_scalars`, ``evaluation`` from
     :func:`pipelines.analyze.evaluate.evaluate` and ``metrics`` holds the derived figures
     (``balance_efficiency``, ``prediction_error``).

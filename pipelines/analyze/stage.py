@@ -61,6 +61,28 @@ def derived_metrics(train: dict, estimate: dict | None) -> dict[str, Any]:
     }
 
 
+def _scalars(train: dict, run_dir: RunDir) -> dict:
+    """The train event files' scalars (empty, with a warning, when there are none)."""
+    events_dir = _location(train.get("events_dir"), run_dir, "train/events")
+    try:
+        return read_scalars(events_dir)
+    except EventsNotFoundError as e:
+        log.warning("%s; the report's curves will be empty", e)
+        return {}
+
+
+def _evaluation(spec: JobSpec, preload: dict, train: dict, run_dir: RunDir) -> dict[str, Any]:
+    """The trained model evaluated on the held-out shards."""
+    feature_shape = preload.get("feature_shape") or spec.dataset.feature_shape
+    num_classes = int(preload.get("num_classes") or spec.dataset.num_classes)
+    return evaluate(
+        _location(train.get("saved_model"), run_dir, "train/saved_model"),
+        preload.get("holdout_shards") or [],
+        feature_shape,
+        num_classes,
+    )
+
+
 def run(spec: JobSpec, run_dir: RunDir, ctx: StageContext) -> dict[str, Any]:
     """Analyse a finished run.
 
@@ -80,26 +102,10 @@ def run(spec: JobSpec, run_dir: RunDir, ctx: StageContext) -> dict[str, Any]:
         log.info("analyze already completed for these inputs; returning the stored result")
         return done
 
-    events_dir = _location(train.get("events_dir"), run_dir, "train/events")
-    try:
-        scalars = read_scalars(events_dir)
-    except EventsNotFoundError as e:
-        log.warning("%s; the report's curves will be empty", e)
-        scalars = {}
-
-    feature_shape = preload.get("feature_shape") or spec.dataset.feature_shape
-    num_classes = int(preload.get("num_classes") or spec.dataset.num_classes)
-    evaluation = evaluate(
-        _location(train.get("saved_model"), run_dir, "train/saved_model"),
-        preload.get("holdout_shards") or [],
-        feature_shape,
-        num_classes,
-    )
+    scalars = _scalars(train, run_dir)
+    evaluation = _evaluation(spec, preload, train, run_dir)
     metrics = derived_metrics(train, estimate)
-
-    out = run_dir.stage("analyze")
-    report_path = Path(out) / "report.html"
-    title = f"Training report: {ctx.dag_id} / {ctx.run_id}"
+    out = Path(run_dir.stage("analyze"))
     html_text = build_report(
         train=train,
         scalars=scalars,
@@ -108,19 +114,12 @@ def run(spec: JobSpec, run_dir: RunDir, ctx: StageContext) -> dict[str, Any]:
         estimate=estimate,
         lr_search=lr_search,
         preload=preload,
-        title=title,
+        title=f"Training report: {ctx.dag_id} / {ctx.run_id}",
     )
-    write_text(report_path, html_text)
+    report_path = write_text(out / "report.html", html_text)
     last = {tag: points[-1][2] for tag, points in scalars.items()}
-    metrics_path = write_json(
-        Path(out) / "metrics.json",
-        {
-            **metrics,
-            **{f"holdout_{k}": v for k, v in evaluation.items()},
-            "last_scalars": last,
-            "input_key": key,
-        },
-    )
+    metrics_doc = {**metrics, **{f"holdout_{k}": v for k, v in evaluation.items()}, "last_scalars": last, "input_key": key}
+    metrics_path = write_json(out / "metrics.json", metrics_doc)
     return {
         "report": str(report_path),
         "metrics": str(metrics_path),

@@ -15,13 +15,14 @@ counts are taken from a geometric grid (0, 1, 2, 4, ..., count) to keep the sear
 
 from __future__ import annotations
 
+import collections
 import itertools
 import math
 from typing import Any
 
 from pipelines.balance import AllocationError, allocate
 from pipelines.errors import StageError
-from pipelines.spec import PoolSpec
+from pipelines.spec import DeviceType, PoolSpec
 
 LOCAL_BANDWIDTH_BPS = 1e9  # bytes/s assumed for allreduce between local processes (Gloo over loopback)
 AUTO_BATCH_PER_RANK = 64
@@ -41,7 +42,7 @@ def step_seconds(profile: dict[str, Any], batch: int) -> float:
     return float(profile["fixed_s"]) + float(profile["per_sample_s"]) * batch
 
 
-def _count_options(count: int, limit: int) -> list[int]:
+def count_options(count: int, limit: int) -> list[int]:
     """Counts of one device type to consider: all of 0..count, or a geometric grid if too many."""
     if count + 1 <= limit:
         return list(range(count + 1))
@@ -53,9 +54,11 @@ def _count_options(count: int, limit: int) -> list[int]:
     return sorted(grid)
 
 
-def _candidates(counts: list[int], max_ranks: int | None) -> list[tuple[int, ...]]:
+def enumerate_candidates(counts: list[int], max_ranks: int | None) -> list[tuple[int, ...]]:
+    """Every candidate as a count per device type (same order as ``counts``): not all zero, at most
+    ``max_ranks`` ranks, and at most about ``MAX_CANDIDATES`` in all (see :func:`count_options`)."""
     per_type = max(2, int(MAX_CANDIDATES ** (1 / max(1, len(counts)))))
-    options = [_count_options(c, per_type) for c in counts]
+    options = [count_options(c, per_type) for c in counts]
     out = []
     for combo in itertools.product(*options):
         n = sum(combo)
@@ -92,6 +95,101 @@ def _speed_key(profile: dict[str, Any]) -> tuple[float, float]:
     return (float(profile["per_sample_s"]), float(profile["fixed_s"]))
 
 
+def score_candidate(
+    devices: list[DeviceType],
+    profiles: dict[str, dict],
+    *,
+    global_batch: int | None,
+    rows_train: int,
+    epochs: int,
+    comm_s: float,
+) -> dict[str, Any]:
+    """The predicted run of one candidate, ``devices`` being its ranks in order (the model in the
+    module docstring, with ``comm_s`` the per-step communication).
+
+    Returns the plan fields from ``global_batch`` to ``cost``.  ``global_batch`` None means "auto"
+    (see :func:`plan`).  Raises AllocationError when the candidate cannot hold the global batch.
+    """
+    profs = [profiles[d.name] for d in devices]
+    caps = [int(p.get("max_batch", 1 << 30)) for p in profs]
+    n = len(devices)
+    gb = min(AUTO_BATCH_PER_RANK * n, sum(caps), rows_train // 4) if global_batch is None else global_batch
+    if gb < n:
+        raise AllocationError(f"{n} ranks need a global batch of at least {n} (got {gb})")
+    batches = _balanced_batches(profs, gb, caps)
+    step = max(step_seconds(p, b) for p, b in zip(profs, batches, strict=True)) + comm_s
+    steps_per_epoch = math.ceil(rows_train / gb)
+    total = epochs * steps_per_epoch * step
+    ranks = [
+        {
+            "rank": r,
+            "device": d.name,
+            "batch": int(b),
+            "samples_per_sec": b / step_seconds(p, b) if step_seconds(p, b) > 0 else None,
+            "max_batch": int(p["max_batch"]) if "max_batch" in p else None,
+        }
+        for r, (d, p, b) in enumerate(zip(devices, profs, batches, strict=True))
+    ]
+    return {
+        "global_batch": int(gb),
+        "ranks": ranks,
+        "devices": dict(collections.Counter(d.name for d in devices)),
+        "predicted_step_s": step,
+        "allreduce_s": comm_s,
+        "steps_per_epoch": steps_per_epoch,
+        "epochs": epochs,
+        "predicted_total_s": total,
+        "predicted_samples_per_sec": gb / step if step > 0 else None,
+        "energy_j": sum(d.power_watts for d in devices) * total,
+        "cost": sum(d.cost_per_hour for d in devices) * total / 3600.0,
+    }
+
+
+def _check_job(
+    profiles: dict[str, dict], pool: PoolSpec, global_batch: int | None, rows_train: int, objective: str
+) -> None:
+    if objective not in OBJECTIVE_KEYS:
+        raise StageError(f"objective {objective!r} is not one of {sorted(OBJECTIVE_KEYS)}")
+    if rows_train < 1:
+        raise StageError(f"rows_train must be >= 1, got {rows_train}")
+    if global_batch is not None and global_batch > rows_train:
+        raise StageError(
+            f"training.global_batch {global_batch} is larger than the {rows_train} training rows"
+        )
+    missing = [d.name for d in pool.device_types if d.name not in profiles]
+    if missing:
+        raise StageError(f"no step-time profile for device type(s) {missing}")
+
+
+def _usable_types(profiles: dict[str, dict], pool: PoolSpec, global_batch: int | None) -> list[DeviceType]:
+    """The device types that hold at least one sample, fastest first (so rank 0 is the fastest)."""
+    types = sorted(pool.device_types, key=lambda d: _speed_key(profiles[d.name]))
+    usable = [d for d in types if int(profiles[d.name].get("max_batch", global_batch or 1 << 30)) >= 1]
+    if not usable:
+        raise StageError(
+            "the model does not fit in the memory of any device type in the pool (max_batch is 0 everywhere)"
+        )
+    return usable
+
+
+def choose(evaluated: list[dict[str, Any]], objective: str, deadline_s: float | None) -> dict[str, Any]:
+    """The scored candidate minimising ``objective`` among those meeting the deadline; ties go to the
+    faster plan, then to fewer ranks.  Raises StageError naming the fastest plan's time when no
+    candidate meets the deadline."""
+    key = OBJECTIVE_KEYS[objective]
+    feasible = [p for p in evaluated if p["meets_deadline"]]
+    if not feasible:
+        fastest = min(evaluated, key=lambda p: p["predicted_total_s"])
+        raise StageError(
+            f"deadline_minutes={deadline_s / 60:.4g} ({deadline_s:.1f} s) cannot be met: the fastest plan "
+            f"({fastest['devices']}, global batch {fastest['global_batch']}) needs "
+            f"{fastest['predicted_total_s']:.1f} s ({fastest['predicted_total_s'] / 60:.4g} min)"
+        )
+    best = dict(min(feasible, key=lambda p: (p[key], p["predicted_total_s"], len(p["ranks"]))))
+    best["objective_value"] = best[key]
+    return best
+
+
 def plan(
     profiles: dict[str, dict],
     pool: PoolSpec,
@@ -106,7 +204,8 @@ def plan(
     param_bytes: float = 0.0,
     bandwidth_bps: float = LOCAL_BANDWIDTH_BPS,
 ) -> dict:
-    """The best plan for the pool (format of ``estimate/plan.json``, docs/CONTRACTS.md).
+    """The best plan for the pool (format of ``estimate/plan.json``: docs/ARCHITECTURE.md, "Stages
+    and their contracts").
 
     ``profiles`` maps device type name to ``{fixed_s, per_sample_s, max_batch}``.  ``global_batch``
     None means "auto": 64 per rank, capped by the ranks' memory and by ``rows_train // 4``.
@@ -114,96 +213,26 @@ def plan(
     allreduce term (:func:`ring_allreduce_s`) is added for plans with several ranks.
     Raises StageError when no plan is possible or none meets the deadline.
     """
-    if objective not in OBJECTIVE_KEYS:
-        raise StageError(f"objective {objective!r} is not one of {sorted(OBJECTIVE_KEYS)}")
-    if rows_train < 1:
-        raise StageError(f"rows_train must be >= 1, got {rows_train}")
-    if global_batch is not None and global_batch > rows_train:
-        raise StageError(
-            f"training.global_batch {global_batch} is larger than the {rows_train} training rows"
-        )
-    missing = [d.name for d in pool.device_types if d.name not in profiles]
-    if missing:
-        raise StageError(f"no step-time profile for device type(s) {missing}")
-
-    # Device types fastest first, so ranks come out fastest first (rank 0 the fastest).
-    types = sorted(pool.device_types, key=lambda d: _speed_key(profiles[d.name]))
-    usable = [d for d in types if int(profiles[d.name].get("max_batch", global_batch or 1 << 30)) >= 1]
-    if not usable:
-        raise StageError(
-            "the model does not fit in the memory of any device type in the pool (max_batch is 0 everywhere)"
-        )
-
+    _check_job(profiles, pool, global_batch, rows_train, objective)
+    usable = _usable_types(profiles, pool, global_batch)
     evaluated: list[dict[str, Any]] = []
     reasons: set[str] = set()
-    candidates = _candidates([d.count for d in usable], max_ranks)
+    candidates = enumerate_candidates([d.count for d in usable], max_ranks)
     for combo in candidates:
         devices = [d for d, n in zip(usable, combo, strict=True) for _ in range(n)]
-        profs = [profiles[d.name] for d in devices]
-        caps = [int(p.get("max_batch", 1 << 30)) for p in profs]
-        n = len(devices)
-        if global_batch is None:
-            gb = min(AUTO_BATCH_PER_RANK * n, sum(caps), rows_train // 4)
-        else:
-            gb = global_batch
-        if gb < n:
-            reasons.add(f"{n} ranks need a global batch of at least {n} (got {gb})")
-            continue
+        comm = allreduce_s + ring_allreduce_s(len(devices), param_bytes, bandwidth_bps)
         try:
-            batches = _balanced_batches(profs, gb, caps)
+            scored = score_candidate(
+                devices, profiles, global_batch=global_batch, rows_train=rows_train, epochs=epochs, comm_s=comm
+            )
         except AllocationError as e:
             reasons.add(str(e))
             continue
-        comm = allreduce_s + ring_allreduce_s(n, param_bytes, bandwidth_bps)
-        step = max(step_seconds(p, b) for p, b in zip(profs, batches, strict=True)) + comm
-        steps_per_epoch = math.ceil(rows_train / gb)
-        total = epochs * steps_per_epoch * step
-        energy = sum(d.power_watts for d in devices) * total
-        cost = sum(d.cost_per_hour for d in devices) * total / 3600.0
-        ranks = [
-            {
-                "rank": r,
-                "device": d.name,
-                "batch": int(b),
-                "samples_per_sec": b / step_seconds(p, b) if step_seconds(p, b) > 0 else None,
-                "max_batch": int(p["max_batch"]) if "max_batch" in p else None,
-            }
-            for r, (d, p, b) in enumerate(zip(devices, profs, batches, strict=True))
-        ]
-        evaluated.append(
-            {
-                "global_batch": int(gb),
-                "ranks": ranks,
-                "devices": {d.name: c for d, c in zip(usable, combo, strict=True) if c},
-                "predicted_step_s": step,
-                "allreduce_s": comm,
-                "steps_per_epoch": steps_per_epoch,
-                "epochs": epochs,
-                "predicted_total_s": total,
-                "predicted_samples_per_sec": gb / step if step > 0 else None,
-                "energy_j": energy,
-                "cost": cost,
-                "objective": objective,
-                "deadline_s": deadline_s,
-                "meets_deadline": deadline_s is None or total <= deadline_s,
-            }
-        )
+        meets = deadline_s is None or scored["predicted_total_s"] <= deadline_s
+        evaluated.append({**scored, "objective": objective, "deadline_s": deadline_s, "meets_deadline": meets})
     if not evaluated:
         raise StageError(f"no configuration of the pool can run this job: {'; '.join(sorted(reasons))}")
-
-    key = OBJECTIVE_KEYS[objective]
-    feasible = [p for p in evaluated if p["meets_deadline"]]
-    if not feasible:
-        fastest = min(evaluated, key=lambda p: p["predicted_total_s"])
-        raise StageError(
-            f"deadline_minutes={deadline_s / 60:.4g} ({deadline_s:.1f} s) cannot be met: the fastest plan "
-            f"({fastest['devices']}, global batch {fastest['global_batch']}) needs "
-            f"{fastest['predicted_total_s']:.1f} s ({fastest['predicted_total_s'] / 60:.4g} min)"
-        )
-    # Ties: prefer the faster plan, then fewer ranks.
-    best = min(feasible, key=lambda p: (p[key], p["predicted_total_s"], len(p["ranks"])))
-    best = dict(best)
-    best["objective_value"] = best[key]
+    best = choose(evaluated, objective, deadline_s)
     best["candidates_considered"] = len(candidates)
     best["candidates_feasible"] = len(evaluated)
     return best

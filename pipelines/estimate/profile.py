@@ -19,10 +19,12 @@ import subprocess
 import sys
 import time
 import uuid
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from pipelines.errors import StageError
+from pipelines.launch.rendezvous import ENV_THREADS
 from pipelines.rundir import write_json
 
 log = logging.getLogger(__name__)
@@ -31,7 +33,6 @@ DEFAULT_BATCHES = (8, 32, 64, 128)
 DEFAULT_SECONDS = 0.8  # timed seconds per batch size (8 CFS periods)
 MEMORY_HEADROOM = 0.8  # share of a device's memory a rank may plan to use
 ACTIVATION_FACTOR = 3  # forward activations + their gradients + framework workspace
-ENV_THREADS = "HETERO_CPU_THREADS"
 
 
 def optimizer_slots(optimizer: str) -> int:
@@ -167,6 +168,44 @@ def _set_threads(threads: int | None) -> None:
     tf.config.threading.set_inter_op_parallelism_threads(1)
 
 
+def calibration_command(
+    spec_file: Path, device: str, out: Path, threads: int, batch_sizes: Sequence[int], min_seconds: float
+) -> list[str]:
+    """The command of one device type's calibration child (this module's CLI)."""
+    return [
+        sys.executable, "-m", "pipelines.estimate.profile",
+        "--spec", str(spec_file), "--device", device, "--out", str(out), "--threads", str(threads),
+        "--batches", ",".join(str(b) for b in batch_sizes), "--min-seconds", str(min_seconds),
+    ]  # fmt: skip
+
+
+def run_calibration(
+    cmd: list[str], env: dict[str, str], device: Any, out: Path, limiter: Any, timeout_s: float
+) -> tuple[dict[str, Any], bool]:
+    """Run one calibration child, placed in ``device``'s cores and quota right after it starts.
+
+    Returns the profile it wrote to ``out`` and whether its quota was enforced.  Raises StageError
+    when it runs past ``timeout_s``, fails, or writes no profile (with its last output lines).
+    """
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    enforced = limiter.limit(proc.pid, device.name, device.local.cpu_share, device.local.cpus,
+                             period_us=int(device.local.cpu_period_ms * 1000))
+    try:
+        output, _ = proc.communicate(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.communicate()
+        raise StageError(
+            f"calibration of device type {device.name!r} took longer than {timeout_s:.0f} s"
+        ) from None
+    if proc.returncode != 0 or not out.is_file():
+        tail = "\n".join(output.strip().splitlines()[-5:])
+        raise StageError(
+            f"calibration of device type {device.name!r} failed (exit {proc.returncode}): {tail}"
+        )
+    return json.loads(out.read_text()), enforced
+
+
 def calibrate_pool(
     spec: Any,
     pool: Any,
@@ -193,30 +232,10 @@ def calibrate_pool(
             out = workdir / f"profile-{dev.name}.json"
             out.unlink(missing_ok=True)
             threads = threads_for(dev.local.cpu_share, dev.local.cpus)
-            cmd = [
-                sys.executable, "-m", "pipelines.estimate.profile",
-                "--spec", str(spec_file), "--device", dev.name, "--out", str(out), "--threads", str(threads),
-                "--batches", ",".join(str(b) for b in batch_sizes), "--min-seconds", str(min_seconds),
-            ]  # fmt: skip
+            cmd = calibration_command(spec_file, dev.name, out, threads, batch_sizes, min_seconds)
             env = {**os.environ, ENV_THREADS: str(threads), "TF_CPP_MIN_LOG_LEVEL": "2"}
             started = time.time()
-            proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-            enforced = limiter.limit(proc.pid, dev.name, dev.local.cpu_share, dev.local.cpus,
-                                     period_us=int(dev.local.cpu_period_ms * 1000))
-            try:
-                output, _ = proc.communicate(timeout=timeout_s)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.communicate()
-                raise StageError(
-                    f"calibration of device type {dev.name!r} took longer than {timeout_s:.0f} s"
-                ) from None
-            if proc.returncode != 0 or not out.is_file():
-                tail = "\n".join(output.strip().splitlines()[-5:])
-                raise StageError(
-                    f"calibration of device type {dev.name!r} failed (exit {proc.returncode}): {tail}"
-                )
-            profile = json.loads(out.read_text())
+            profile, enforced = run_calibration(cmd, env, dev, out, limiter, timeout_s)
             profile.update(
                 quota_enforced=bool(enforced),
                 cpu_share=dev.local.cpu_share,

@@ -1,8 +1,8 @@
 """The ``estimate`` stage: model features, per-device step-time profiles, and the plan.
 
 Inputs: the job spec, the pool file, ``preload/result.json`` (``rows_train``).  Outputs in
-``estimate/``: ``plan.json`` (the plan alone) and the stage result (docs/CONTRACTS.md,
-"estimate/result.json").
+``estimate/``: ``plan.json`` (the plan alone) and the stage result (docs/ARCHITECTURE.md,
+"Stages and their contracts").
 
 Profiles come from calibration subprocesses for ``launcher: local``.  For ``launcher: kubernetes``
 the stage cannot calibrate (that needs one pod per device type); it reads
@@ -23,7 +23,7 @@ from pipelines.estimate.features import model_features
 from pipelines.estimate.planner import LOCAL_BANDWIDTH_BPS, plan
 from pipelines.estimate.profile import calibrate_pool, max_batch, optimizer_slots
 from pipelines.rundir import RunDir, input_key, write_json
-from pipelines.spec import JobSpec, load_pool
+from pipelines.spec import JobSpec, PoolSpec, load_pool
 from pipelines.stages import StageContext
 
 log = logging.getLogger(__name__)
@@ -67,14 +67,8 @@ def _file_hash(path: Path) -> str | None:
     return hashlib.sha256(path.read_bytes()).hexdigest()[:16] if path.is_file() else None
 
 
-def run(spec: JobSpec, run_dir: RunDir, ctx: StageContext) -> dict:
-    """Estimate the model, profile the pool's device types and write the plan."""
-    preload = run_dir.read_result("preload")
-    rows_train = int(preload["rows_train"])
-    pool_path = Path(spec.pool)
-    pool = load_pool(pool_path)
-    side_profiles = profiles_path(pool_path)
-    key = input_key(
+def _input_key(spec: JobSpec, pool: PoolSpec, side_profiles: Path, preload: dict, rows_train: int) -> str:
+    return input_key(
         "estimate/1",
         spec.model.model_dump(),
         spec.dataset.feature_shape,
@@ -88,11 +82,10 @@ def run(spec: JobSpec, run_dir: RunDir, ctx: StageContext) -> dict:
         preload.get("input_key"),
         rows_train,
     )
-    if not ctx.fresh and (done := run_dir.completed(FOLDER, key)) is not None:
-        log.info("estimate: reusing the completed result for the same inputs")
-        return done
-    out_dir = run_dir.stage(FOLDER)
 
+
+def _features(spec: JobSpec) -> dict[str, Any]:
+    """The job's model, built, described by :func:`model_features` (plus its ``name``)."""
     from pipelines.models import build_model
 
     model = build_model(
@@ -100,27 +93,44 @@ def run(spec: JobSpec, run_dir: RunDir, ctx: StageContext) -> dict:
     )
     features = model_features(model)
     features["name"] = spec.model.name
+    return features
 
+
+def device_profiles(spec: JobSpec, pool: PoolSpec, side_profiles: Path, out_dir: Path) -> dict[str, dict[str, Any]]:
+    """Step-time profiles per device type: calibrated for ``launcher: local``, read from
+    ``side_profiles`` for ``launcher: kubernetes`` (a StageError says how to make it when missing)."""
     if spec.launcher == "local":
-        profiles = calibrate_pool(spec, pool, out_dir / "calibration")
-        bandwidth = LOCAL_BANDWIDTH_BPS
-    else:
-        if not side_profiles.is_file():
-            raise StageError(
-                f"launcher 'kubernetes': the estimate stage cannot calibrate device types itself; provide "
-                f"{side_profiles} mapping each device type {[d.name for d in pool.device_types]} to "
-                '{"fixed_s": <seconds per step>, "per_sample_s": <seconds per sample>} '
-                "(measure them once with `python -m pipelines.estimate.profile` on each device type)"
-            )
-        profiles = load_profiles_file(side_profiles, [d.name for d in pool.device_types])
-        bandwidth = LOCAL_BANDWIDTH_BPS  # TODO(lead): a per-pool interconnect bandwidth
+        return calibrate_pool(spec, pool, out_dir / "calibration")
+    if not side_profiles.is_file():
+        raise StageError(
+            f"launcher 'kubernetes': the estimate stage cannot calibrate device types itself; provide "
+            f"{side_profiles} mapping each device type {[d.name for d in pool.device_types]} to "
+            '{"fixed_s": <seconds per step>, "per_sample_s": <seconds per sample>} '
+            "(measure them once with `python -m pipelines.estimate.profile` on each device type)"
+        )
+    return load_profiles_file(side_profiles, [d.name for d in pool.device_types])
 
+
+def run(spec: JobSpec, run_dir: RunDir, ctx: StageContext) -> dict:
+    """Estimate the model, profile the pool's device types and write the plan."""
+    preload = run_dir.read_result("preload")
+    rows_train = int(preload["rows_train"])
+    pool_path = Path(spec.pool)
+    pool = load_pool(pool_path)
+    side_profiles = profiles_path(pool_path)
+    key = _input_key(spec, pool, side_profiles, preload, rows_train)
+    if not ctx.fresh and (done := run_dir.completed(FOLDER, key)) is not None:
+        log.info("estimate: reusing the completed result for the same inputs")
+        return done
+    out_dir = run_dir.stage(FOLDER)
+    features = _features(spec)
+    profiles = device_profiles(spec, pool, side_profiles, out_dir)
+    bandwidth = LOCAL_BANDWIDTH_BPS  # TODO(lead): a per-pool interconnect bandwidth (kubernetes)
     slots = optimizer_slots(spec.training.optimizer)
     for dev in pool.device_types:
         profiles[dev.name]["max_batch"] = max_batch(
             dev.memory_gb, features["params"], features["activation_bytes_per_sample"], slots
         )
-
     gb = spec.training.global_batch
     chosen = plan(
         profiles,

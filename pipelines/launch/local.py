@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import contextlib
 import dataclasses
 import logging
 import os
@@ -24,7 +25,7 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 from pipelines.launch.cgroups import PERIOD_US, CpuLimiter, threads_for
@@ -62,12 +63,6 @@ class LaunchResult:
     message: str = ""
 
 
-class RankFailed(RuntimeError):
-    def __init__(self, result: LaunchResult):
-        super().__init__(result.message)
-        self.result = result
-
-
 def profiles_from_pool(pool_path: str, names: Sequence[str]) -> list[Profile]:
     """Profiles for the given device type names, read from a pool file."""
     from pipelines.spec import load_pool
@@ -101,6 +96,60 @@ def rank_env(rank: int, size: int, port: int, profile: Profile, base: dict[str, 
     return env
 
 
+def _pump(rank: int, stream, tail: collections.deque, output, lock: threading.Lock) -> None:
+    """Copy one rank's output to ``output`` as ``[rank i] line``, keeping its last lines in ``tail``."""
+    for raw in iter(stream.readline, b""):
+        line = raw.decode(errors="replace").rstrip("\n")
+        tail.append(line)
+        with lock:
+            output.write(f"[rank {rank}] {line}\n")
+            output.flush()
+    stream.close()
+
+
+@contextlib.contextmanager
+def _stop_on_signals(stop: threading.Event) -> Iterator[None]:
+    """SIGTERM and SIGINT set ``stop`` meanwhile (only the main thread can handle signals)."""
+    previous = {}
+    if threading.current_thread() is threading.main_thread():
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            previous[sig] = signal.signal(sig, lambda s, f: stop.set())
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def start_rank(
+    command: Sequence[str], rank: int, env: dict[str, str], profile: Profile, limiter: CpuLimiter
+) -> tuple[subprocess.Popen, bool]:
+    """Start one rank in its own process group and place it in its profile's cores and quota.
+
+    Returns the process and whether its quota holds (True when it has no quota to enforce).
+    """
+    proc = subprocess.Popen(
+        list(command),
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,  # its own process group, so we can stop all it started
+    )
+    if profile.cpu_share is None and not profile.cpus:
+        return proc, True
+    ok = limiter.limit(proc.pid, f"rank{rank}", profile.cpu_share or float(os.cpu_count() or 1), list(profile.cpus),
+                       period_us=int(profile.cpu_period_ms * 1000))
+    return proc, ok or profile.cpu_share is None
+
+
+def failure_message(message: str, failed_rank: int | None, tails: dict[int, list[str]]) -> str:
+    """``message``, followed by the failed rank's last 15 lines when a rank failed."""
+    if failed_rank is None:
+        return message
+    tail = "\n".join(f"  {line}" for line in tails[failed_rank][-15:])
+    return f"{message}\nlast lines of rank {failed_rank}:\n{tail}"
+
+
 def launch(
     command: Sequence[str],
     profiles: Sequence[Profile],
@@ -121,8 +170,7 @@ def launch(
     if size < 1:
         raise ValueError("need at least one rank")
     output = output or sys.stdout
-    job = job or f"job-{uuid.uuid4().hex[:8]}"
-    limiter = CpuLimiter(job)
+    limiter = CpuLimiter(job or f"job-{uuid.uuid4().hex[:8]}")
     server, port = start_rendezvous(local_slots(size), port=0, host="127.0.0.1")
     procs: list[subprocess.Popen] = []
     tails = {r: collections.deque(maxlen=TAIL_LINES) for r in range(size)}
@@ -131,62 +179,34 @@ def launch(
     started = time.time()
     enforced = True
     stop = threading.Event()
-
-    def pump(rank: int, stream) -> None:
-        for raw in iter(stream.readline, b""):
-            line = raw.decode(errors="replace").rstrip("\n")
-            tails[rank].append(line)
-            with lock:
-                output.write(f"[rank {rank}] {line}\n")
-                output.flush()
-        stream.close()
-
-    previous = {}
-    if threading.current_thread() is threading.main_thread():
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            previous[sig] = signal.signal(sig, lambda s, f: stop.set())
-    try:
-        for rank, prof in enumerate(profiles):
-            renv = rank_env(rank, size, port, prof, env)
-            p = subprocess.Popen(
-                list(command),
-                env=renv,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,  # its own process group, so we can stop all it started
-            )
-            if prof.cpu_share is not None or prof.cpus:
-                ok = limiter.limit(p.pid, f"rank{rank}", prof.cpu_share or float(os.cpu_count() or 1), list(prof.cpus),
-                                   period_us=int(prof.cpu_period_ms * 1000))
-                enforced = enforced and (ok or prof.cpu_share is None)
-            procs.append(p)
-            t = threading.Thread(target=pump, args=(rank, p.stdout), daemon=True)
-            t.start()
-            readers.append(t)
-        if on_start is not None:
-            on_start(procs, limiter)
-        failed_rank, code, message = _wait(procs, stop, timeout_s, started)
-    finally:
-        _stop_all(procs)
-        for t in readers:
-            t.join(timeout=5)
-        server.shutdown()
-        server.server_close()
-        limiter.cleanup()
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
-    result = LaunchResult(
+    with _stop_on_signals(stop):
+        try:
+            for rank, prof in enumerate(profiles):
+                p, ok = start_rank(command, rank, rank_env(rank, size, port, prof, env), prof, limiter)
+                enforced = enforced and ok
+                procs.append(p)
+                t = threading.Thread(target=_pump, args=(rank, p.stdout, tails[rank], output, lock), daemon=True)
+                t.start()
+                readers.append(t)
+            if on_start is not None:
+                on_start(procs, limiter)
+            failed_rank, code, message = _wait(procs, stop, timeout_s, started)
+        finally:
+            _stop_all(procs)
+            for t in readers:
+                t.join(timeout=5)
+            server.shutdown()
+            server.server_close()
+            limiter.cleanup()
+    tails_out = {r: list(v) for r, v in tails.items()}
+    return LaunchResult(
         returncode=code,
         failed_rank=failed_rank,
-        tails={r: list(v) for r, v in tails.items()},
+        tails=tails_out,
         seconds=time.time() - started,
         quota_enforced=enforced and limiter.warning is None,
-        message=message,
+        message=failure_message(message, failed_rank, tails_out),
     )
-    if failed_rank is not None:
-        tail = "\n".join(f"  {line}" for line in result.tails[failed_rank][-15:])
-        result.message = f"{message}\nlast lines of rank {failed_rank}:\n{tail}"
-    return result
 
 
 def _wait(procs, stop: threading.Event, timeout_s: float | None, started: float) -> tuple[int | None, int, str]:

@@ -111,6 +111,74 @@ def _poly_fit(x: Any, y: Any) -> tuple[Any, int, float]:
     return best[1], best[2], best[3]
 
 
+def fit_points(lr: Any, smoothed: Any, end: int, beta: float) -> tuple[Any, Any]:
+    """The points the fits use: ``(x, y)`` with x the log10 learning rate each smoothed loss of the
+    first ``end`` is centred on (:func:`ema_lag`), cut where the loss has rebounded.
+
+    The cut is where the loss, after its minimum, has climbed back ``REBOUND_FRACTION`` of the way
+    to its starting level (kept only when at least ``MIN_POINTS`` remain): beyond that the model
+    has collapsed (often to a chance-level plateau that is not 4x the minimum, then a blow-up) and
+    the points would only bend the polynomial.
+    """
+    import numpy as np
+
+    idx = np.arange(end) - np.asarray(ema_lag(end, beta))
+    x, y = np.interp(idx, np.arange(end), np.log10(lr[:end])), smoothed[:end]
+    i_low = int(np.argmin(y))
+    level = y[i_low] + REBOUND_FRACTION * (y[0] - y[i_low])
+    back = np.nonzero((np.arange(end) > i_low) & (y > level))[0]
+    if back.size and back[0] >= MIN_POINTS:
+        x, y = x[: back[0]], y[: back[0]]
+    return x, y
+
+
+def pick_rate(x: Any, y: Any, coef: Any, degree: int, rmse: float) -> tuple[float, float, float, float, str]:
+    """The rule on the fitted polynomial: ``(lo_x, hi_x, steep_x, value, method)``, the first three
+    in log10 learning rate.
+
+    ``hi_x`` is the fit's minimum; ``lo_x`` where the fit is ``START_FRACTION`` of the way down from
+    the plateau (median of the first fifth of the smoothed curve, robust to the polynomial's edge
+    wiggles) to that minimum; ``steep_x`` the steepest descent between them.  The value is the
+    min-loss rate over ``SAFETY_DIVISOR``, never below the steepest descent.  Without a clear
+    descent (less than ``MIN_RELATIVE_DROP`` of the loss, or within twice the fit's noise) the
+    range is the min-loss rate alone and the value a tenth of it.
+    """
+    import numpy as np
+
+    grid = np.linspace(x[0], x[-1], 512)
+    fit = np.polyval(coef, grid)
+    i_min = int(np.argmin(fit))
+    plateau_level = float(np.median(y[: max(3, y.size // 5)]))
+    drop = plateau_level - float(fit[i_min])
+    noise = max(rmse, 1e-12)
+    if i_min == 0 or drop <= max(2 * noise, MIN_RELATIVE_DROP * abs(plateau_level)):
+        hi_x = float(grid[i_min])
+        return hi_x, hi_x, hi_x, 10 ** (hi_x - 1), "min_loss/10 (no clear descent)"
+    above = np.nonzero(fit[: i_min + 1] >= plateau_level)[0]  # last time the fit was on the plateau
+    begin = int(above[-1]) if above.size else 0
+    start = begin + int(np.argmax(fit[begin : i_min + 1] <= plateau_level - START_FRACTION * drop))
+    lo_x, hi_x = float(grid[start]), float(grid[i_min])
+    slope = np.polyval(np.polyder(coef), grid[start : i_min + 1])
+    steep_x = float(grid[start + int(np.argmin(slope))])
+    # Training runs at a constant rate after warm-up, so take the top of the safe range (the
+    # min-loss rate over the safety divisor), never below the steepest descent.
+    value = max(10**steep_x, 10**hi_x / SAFETY_DIVISOR)
+    return lo_x, hi_x, steep_x, value, f"min-loss lr/{SAFETY_DIVISOR:g} of poly{degree} fit, >= steepest descent"
+
+
+def log_fit(x: Any, y: Any, lo_x: float, hi_x: float) -> tuple[float, float, float]:
+    """``loss = a + b·x`` by least squares over ``lo_x <= x <= hi_x`` (over every point when fewer
+    than 3 lie there); returns ``(a, b, rmse)``."""
+    import numpy as np
+
+    mask = (x >= lo_x) & (x <= hi_x)
+    if mask.sum() < 3:
+        mask = np.ones_like(x, dtype=bool)
+    b, a = np.polyfit(x[mask], y[mask], 1)
+    rmse = float(np.sqrt(np.mean((a + b * x[mask] - y[mask]) ** 2)))
+    return float(a), float(b), rmse
+
+
 def suggest(
     lrs: Sequence[float],
     losses: Sequence[float],
@@ -137,55 +205,11 @@ def suggest(
             f"range test curve too short before divergence: {end} usable points (diverged at lr={lr[end]:.3g}), "
             f"need at least {MIN_POINTS}; start the test at a smaller learning rate"
         )
-    # Each smoothed point is placed at the (log) learning rate its average is centred on.
-    idx = np.arange(end) - np.asarray(ema_lag(end, beta))
-    x, y = np.interp(idx, np.arange(end), np.log10(lr[:end])), smoothed[:end]
-    # Fit only up to where the loss, after its minimum, has climbed back 3/4 of the way to its
-    # starting level: beyond that the model has collapsed (often to a chance-level plateau that
-    # is not 4x the minimum, then a blow-up) and the points would only bend the polynomial.
-    i_low = int(np.argmin(y))
-    level = y[i_low] + REBOUND_FRACTION * (y[0] - y[i_low])
-    back = np.nonzero((np.arange(end) > i_low) & (y > level))[0]
-    if back.size and back[0] >= MIN_POINTS:
-        x, y = x[: back[0]], y[: back[0]]
-
+    x, y = fit_points(lr, smoothed, end, beta)
     coef, degree, poly_rmse = _poly_fit(x, y)
-    grid = np.linspace(x[0], x[-1], 512)
-    fit = np.polyval(coef, grid)
-    i_min = int(np.argmin(fit))
-    # Where the loss starts to fall: the fitted curve is 10% of the way down from the plateau
-    # (median of the first fifth of the smoothed curve, robust to the polynomial's edge wiggles)
-    # to the fitted minimum.
-    plateau_level = float(np.median(y[: max(3, y.size // 5)]))
-    drop = plateau_level - float(fit[i_min])
-    noise = max(poly_rmse, 1e-12)
-    if i_min == 0 or drop <= max(2 * noise, MIN_RELATIVE_DROP * abs(plateau_level)):
-        # No clear descent (less than 2% of the loss, or within the fit's noise): a tenth of the
-        # lowest-loss rate.
-        lo_x = hi_x = float(grid[i_min])
-        value = 10 ** (hi_x - 1)
-        method = "min_loss/10 (no clear descent)"
-        steep_x = lo_x
-    else:
-        above = np.nonzero(fit[: i_min + 1] >= plateau_level)[0]  # last time the fit was on the plateau
-        begin = int(above[-1]) if above.size else 0
-        start = begin + int(np.argmax(fit[begin : i_min + 1] <= plateau_level - START_FRACTION * drop))
-        lo_x, hi_x = float(grid[start]), float(grid[i_min])
-        slope = np.polyval(np.polyder(coef), grid[start : i_min + 1])
-        steep_x = float(grid[start + int(np.argmin(slope))])
-        # Training runs at a constant rate after warm-up, so take the top of the safe range (the
-        # min-loss rate over the safety divisor), never below the steepest descent.
-        value = max(10**steep_x, 10**hi_x / SAFETY_DIVISOR)
-        method = f"min-loss lr/{SAFETY_DIVISOR:g} of poly{degree} fit, >= steepest descent"
+    lo_x, hi_x, steep_x, value, method = pick_rate(x, y, coef, degree, poly_rmse)
     value = max(value, float(lr[0]))
-
-    # Logarithmic fit over the descending part (or the whole curve when it never descends).
-    mask = (x >= lo_x) & (x <= hi_x)
-    if mask.sum() < 3:
-        mask = np.ones_like(x, dtype=bool)
-    b, a = np.polyfit(x[mask], y[mask], 1)
-    log_rmse = float(np.sqrt(np.mean((a + b * x[mask] - y[mask]) ** 2)))
-
+    a, b, log_rmse = log_fit(x, y, lo_x, hi_x)
     return {
         "learning_rate": float(value),
         "lr_range": [float(10**lo_x), float(10**hi_x)],
@@ -196,5 +220,5 @@ def suggest(
         "smoothed": [float(v) for v in smoothed],
         "beta": beta,
         "poly": {"degree": degree, "coefficients": [float(c) for c in coef], "rmse": poly_rmse},
-        "log_fit": {"a": float(a), "b": float(b), "rmse": log_rmse, "x": "log10(lr)"},
+        "log_fit": {"a": a, "b": b, "rmse": log_rmse, "x": "log10(lr)"},
     }

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Iterator
 from typing import Any
 
 from pipelines.errors import DataError, StageError
@@ -74,6 +75,44 @@ def load_training_rows(preload: dict[str, Any], max_rows: int, seed: int = 0) ->
     return x[order].astype(np.float32), y[order]
 
 
+def make_optimizer(optimizer: str, learning_rate: float) -> Any:
+    """Adam when ``optimizer == "adam"``, else SGD with momentum 0.9."""
+    import tensorflow as tf
+
+    if optimizer == "adam":
+        return tf.keras.optimizers.Adam(learning_rate=learning_rate)
+    return tf.keras.optimizers.SGD(learning_rate=learning_rate, momentum=0.9)
+
+
+def make_train_step(model: Any, opt: Any) -> Any:
+    """A ``tf.function`` ``(x, y, lr) -> loss``: one step of ``opt`` at rate ``lr`` on the sparse
+    cross-entropy of ``model``'s logits."""
+    import tensorflow as tf
+
+    loss_fn = tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+
+    @tf.function
+    def train_step(xb, yb, lr):
+        opt.learning_rate.assign(lr)
+        with tf.GradientTape() as tape:
+            loss = loss_fn(yb, model(xb, training=True))
+        grads = tape.gradient(loss, model.trainable_variables)
+        opt.apply_gradients(zip(grads, model.trainable_variables))
+        return loss
+
+    return train_step
+
+
+def cycling_batches(n: int, global_batch: int, seed: int) -> Iterator[Any]:
+    """Endless index arrays of ``global_batch`` rows, going round a seeded permutation of ``n`` rows."""
+    import numpy as np
+
+    order, pos = np.random.default_rng(seed).permutation(n), 0
+    while True:
+        yield np.take(order, np.arange(pos, pos + global_batch), mode="wrap")
+        pos = (pos + global_batch) % n
+
+
 def run_range_test(
     model: Any,
     x: Any,
@@ -94,7 +133,6 @@ def run_range_test(
     cycle through the data.  Returns ``lr``, ``loss``, ``smoothed`` (lists, one per step run),
     ``steps``, ``diverged_at`` (lr or None), ``beta``, ``global_batch``, ``seconds``.
     """
-    import numpy as np
     import tensorflow as tf
 
     from pipelines.lr_search.curve import auto_beta
@@ -104,33 +142,17 @@ def run_range_test(
     n = len(y)
     if n == 0:
         raise DataError("range test: no training rows")
-    opt = (
-        tf.keras.optimizers.Adam(learning_rate=lr_min)
-        if optimizer == "adam"
-        else tf.keras.optimizers.SGD(learning_rate=lr_min, momentum=0.9)
-    )
-    loss_fn = tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True)
-
-    @tf.function
-    def train_step(xb, yb, lr):
-        opt.learning_rate.assign(lr)
-        with tf.GradientTape() as tape:
-            loss = loss_fn(yb, model(xb, training=True))
-        grads = tape.gradient(loss, model.trainable_variables)
-        opt.apply_gradients(zip(grads, model.trainable_variables))
-        return loss
-
-    rng = np.random.default_rng(seed)
-    order, pos = rng.permutation(n), 0
+    train_step = make_train_step(model, make_optimizer(optimizer, lr_min))
+    batches = cycling_batches(n, global_batch, seed)
     lrs, losses, smoothed = [], [], []
     avg, best, diverged_at = 0.0, math.inf, None
     started = time.perf_counter()
     for i, lr in enumerate(rates):
-        idx = np.take(order, np.arange(pos, pos + global_batch), mode="wrap")
-        pos = (pos + global_batch) % n
+        idx = next(batches)
         loss = float(
             train_step(tf.constant(x[idx]), tf.constant(y[idx]), tf.constant(lr, tf.float32)).numpy()
         )
+        # The bias-corrected average and divergence rule of pipelines.lr_search.curve, step by step.
         avg = beta * avg + (1 - beta) * loss if math.isfinite(loss) else math.nan
         s = avg / (1 - beta ** (i + 1))
         lrs.append(lr)

@@ -2,7 +2,7 @@
 
 Inputs: the job spec, ``preload/result.json`` (training shards, normalisation) and
 ``estimate/result.json`` (``plan.global_batch``).  Output: the stage result
-(docs/CONTRACTS.md, "lr_search/result.json") and ``lr_search/curve.png``.
+(docs/ARCHITECTURE.md, "Stages and their contracts") and ``lr_search/curve.png``.
 
 When ``training.learning_rate`` is a number the test is skipped and that rate is returned with
 method ``"fixed"``.  The range test runs in this one process for now (``ranks: 1``).
@@ -76,28 +76,78 @@ def plot_curve(path: Path, result: dict[str, Any]) -> None:
     plt.close(fig)
 
 
+def _fixed_result(spec: JobSpec, global_batch: int | None) -> dict:
+    """The result for a given ``training.learning_rate``: no test, the rate the trainer will use."""
+    from pipelines.balance import scaled_learning_rate
+
+    fixed = spec.training.learning_rate
+    # The given rate applies at reference_batch; report the rate the trainer will use at B.
+    at = global_batch or spec.training.reference_batch
+    rate = scaled_learning_rate(float(fixed), spec.training.reference_batch, at)
+    key = input_key("lr_search/1", "fixed", fixed, spec.training.reference_batch, global_batch)
+    return {
+        "learning_rate": rate,
+        "lr_range": [rate, rate],
+        "global_batch": at,
+        "steps": 0,
+        "curve": {"lr": [], "loss": [], "smoothed": []},
+        "diverged_at": None,
+        "method": "fixed",
+        "ranks": 0,
+        "input_key": key,
+    }
+
+
+def _range_test(spec: JobSpec, preload: dict, global_batch: int) -> dict[str, Any]:
+    """Build the job's model (seeded) and run the range test on the preloaded training rows."""
+    import tensorflow as tf
+
+    from pipelines.models import build_model
+
+    tf.keras.utils.set_random_seed(spec.training.seed)
+    model = build_model(
+        spec.model.name, tuple(spec.dataset.feature_shape), spec.dataset.num_classes, spec.model.kwargs
+    )
+    x, y = load_training_rows(preload, min(MAX_ROWS, STEPS * global_batch), seed=spec.training.seed)
+    return run_range_test(
+        model,
+        x,
+        y,
+        global_batch=global_batch,
+        optimizer=spec.training.optimizer,
+        lr_min=LR_MIN,
+        lr_max=LR_MAX,
+        steps=STEPS,
+        divergence_factor=DIVERGENCE_FACTOR,
+        seed=spec.training.seed,
+    )
+
+
+def _tested_result(spec: JobSpec, global_batch: int, test: dict, analysis: dict, key: str) -> dict:
+    """The stage result from a range test (:func:`run_range_test`) and its analysis (:func:`suggest`)."""
+    return {
+        "learning_rate": analysis["learning_rate"],
+        "lr_range": analysis["lr_range"],
+        "global_batch": global_batch,
+        "steps": test["steps"],
+        "curve": {"lr": test["lr"], "loss": _finite(test["loss"]), "smoothed": _finite(test["smoothed"])},
+        "diverged_at": test["diverged_at"] if test["diverged_at"] is not None else analysis["diverged_at"],
+        "method": f"range_test: {analysis['method']}",
+        "ranks": 1,
+        "optimizer": spec.training.optimizer,
+        "min_loss_lr": analysis["min_loss_lr"],
+        "steepest_lr": analysis["steepest_lr"],
+        "fits": {"poly": analysis["poly"], "log_fit": analysis["log_fit"], "beta": analysis["beta"]},
+        "test_seconds": round(test["seconds"], 3),
+        "input_key": key,
+    }
+
+
 def run(spec: JobSpec, run_dir: RunDir, ctx: StageContext) -> dict:
     """Find the learning rate at the planned global batch (or pass a fixed one through)."""
     global_batch, estimate_key = _planned_batch(spec, run_dir)
-    fixed = spec.training.learning_rate
-    if fixed != "auto":
-        from pipelines.balance import scaled_learning_rate
-
-        # The given rate applies at reference_batch; report the rate the trainer will use at B.
-        at = global_batch or spec.training.reference_batch
-        rate = scaled_learning_rate(float(fixed), spec.training.reference_batch, at)
-        key = input_key("lr_search/1", "fixed", fixed, spec.training.reference_batch, global_batch)
-        return {
-            "learning_rate": rate,
-            "lr_range": [rate, rate],
-            "global_batch": at,
-            "steps": 0,
-            "curve": {"lr": [], "loss": [], "smoothed": []},
-            "diverged_at": None,
-            "method": "fixed",
-            "ranks": 0,
-            "input_key": key,
-        }
+    if spec.training.learning_rate != "auto":
+        return _fixed_result(spec, global_batch)
     if global_batch is None:
         raise StageError("lr_search needs the plan's global batch: run the estimate stage first")
     preload = run_dir.read_result("preload")
@@ -114,45 +164,9 @@ def run(spec: JobSpec, run_dir: RunDir, ctx: StageContext) -> dict:
         log.info("lr_search: reusing the completed result for the same inputs")
         return done
     out_dir = run_dir.stage(FOLDER)
-
-    import tensorflow as tf
-
-    from pipelines.models import build_model
-
-    tf.keras.utils.set_random_seed(spec.training.seed)
-    model = build_model(
-        spec.model.name, tuple(spec.dataset.feature_shape), spec.dataset.num_classes, spec.model.kwargs
-    )
-    x, y = load_training_rows(preload, min(MAX_ROWS, STEPS * global_batch), seed=spec.training.seed)
-    test = run_range_test(
-        model,
-        x,
-        y,
-        global_batch=global_batch,
-        optimizer=spec.training.optimizer,
-        lr_min=LR_MIN,
-        lr_max=LR_MAX,
-        steps=STEPS,
-        divergence_factor=DIVERGENCE_FACTOR,
-        seed=spec.training.seed,
-    )
+    test = _range_test(spec, preload, global_batch)
     analysis = suggest(test["lr"], test["loss"], beta=test["beta"], divergence_factor=DIVERGENCE_FACTOR)
-    result = {
-        "learning_rate": analysis["learning_rate"],
-        "lr_range": analysis["lr_range"],
-        "global_batch": global_batch,
-        "steps": test["steps"],
-        "curve": {"lr": test["lr"], "loss": _finite(test["loss"]), "smoothed": _finite(test["smoothed"])},
-        "diverged_at": test["diverged_at"] if test["diverged_at"] is not None else analysis["diverged_at"],
-        "method": f"range_test: {analysis['method']}",
-        "ranks": 1,
-        "optimizer": spec.training.optimizer,
-        "min_loss_lr": analysis["min_loss_lr"],
-        "steepest_lr": analysis["steepest_lr"],
-        "fits": {"poly": analysis["poly"], "log_fit": analysis["log_fit"], "beta": analysis["beta"]},
-        "test_seconds": round(test["seconds"], 3),
-        "input_key": key,
-    }
+    result = _tested_result(spec, global_batch, test, analysis, key)
     try:
         plot_curve(out_dir / "curve.png", result)
         result["plot"] = str(out_dir / "curve.png")

@@ -252,6 +252,34 @@ def _row_group_batches(plan: PreloadPlan, info: FileInfo, rg: int, batch_rows: i
 _END = object()
 
 
+def _put(q: queue.Queue, item: Any, stop: threading.Event) -> bool:
+    """Put ``item`` on ``q``, waiting for room until ``stop`` is set (then False)."""
+    while not stop.is_set():
+        try:
+            q.put(item, timeout=0.1)
+            return True
+        except queue.Full:
+            continue
+    return False
+
+
+def _decode_row_groups(
+    plan: PreloadPlan, items: Sequence[tuple[FileInfo, int]], batch_rows: int, q: queue.Queue, stop: threading.Event
+) -> None:
+    """A worker: each row group's converted batches then ``_END`` onto ``q``; an error goes onto
+    ``q`` too (the consumer raises it) and ends the worker, as does ``stop``."""
+    for info, rg in items:
+        try:
+            for converted in _row_group_batches(plan, info, rg, batch_rows):
+                if not _put(q, converted, stop):
+                    return
+        except BaseException as e:  # handed to the consumer, which raises it
+            _put(q, e, stop)
+            return
+        if not _put(q, _END, stop):
+            return
+
+
 def _converted_stream(plan: PreloadPlan, batch_rows: int, workers: int, queue_depth: int) -> Iterator[Any]:
     """Converted batches in file, row-group, batch order; ``workers`` threads decode row groups ahead.
 
@@ -263,30 +291,14 @@ def _converted_stream(plan: PreloadPlan, batch_rows: int, workers: int, queue_de
     workers = max(1, min(workers, len(items)))
     queues: list[queue.Queue] = [queue.Queue(maxsize=queue_depth) for _ in range(workers)]
     stop = threading.Event()
-
-    def put(q: queue.Queue, item: Any) -> bool:
-        while not stop.is_set():
-            try:
-                q.put(item, timeout=0.1)
-                return True
-            except queue.Full:
-                continue
-        return False
-
-    def work(w: int) -> None:
-        for info, rg in items[w::workers]:
-            try:
-                for converted in _row_group_batches(plan, info, rg, batch_rows):
-                    if not put(queues[w], converted):
-                        return
-            except BaseException as e:  # handed to the consumer, which raises it
-                put(queues[w], e)
-                return
-            if not put(queues[w], _END):
-                return
-
     threads = [
-        threading.Thread(target=work, args=(w,), daemon=True, name=f"preload-{w}") for w in range(workers)
+        threading.Thread(
+            target=_decode_row_groups,
+            args=(plan, items[w::workers], batch_rows, queues[w], stop),
+            daemon=True,
+            name=f"preload-{w}",
+        )
+        for w in range(workers)
     ]
     for t in threads:
         t.start()

@@ -155,17 +155,9 @@ def write_shard(path: Path, x: np.ndarray, y: np.ndarray) -> str:
     return str(path)
 
 
-@pytest.fixture(scope="module")
-def run_dir(tmp_path_factory) -> tuple[RunDir, dict]:
-    root = tmp_path_factory.mktemp("run")
-    rd = RunDir(root)
-    rng = np.random.default_rng(0)
-    x, y = make_holdout(50, rng)
-    shards = [
-        write_shard(rd.stage("preload") / f"holdout-{i}.arrow", x[s], y[s])
-        for i, s in enumerate((slice(0, 30), slice(30, 50)))
-    ]
-
+def _export_model(rd: RunDir, x: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """A linear model that reads the bright third of the image, exported as ``train/saved_model``;
+    returns the confusion matrix it must give on ``(x, y)``."""
     weights = np.zeros((16, NUM_CLASSES), np.float32)
     for c in range(NUM_CLASSES):
         weights[c * 5 : c * 5 + 5, c] = 1.0
@@ -182,7 +174,10 @@ def run_dir(tmp_path_factory) -> tuple[RunDir, dict]:
     pred = (x @ weights + bias).argmax(axis=1)
     expected = np.zeros((NUM_CLASSES, NUM_CLASSES), int)
     np.add.at(expected, (y, pred), 1)
+    return expected
 
+
+def _write_train_events(rd: RunDir) -> None:
     write_tf_events(
         rd.stage("train") / "events",
         {
@@ -197,9 +192,13 @@ def run_dir(tmp_path_factory) -> tuple[RunDir, dict]:
             **{f"rank{r}/batch": [(s, 40.0 - 16 * r) for s in range(0, 50, 10)] for r in range(2)},
         },
     )
-    results = {
+
+
+def _results(rd: RunDir, holdout_shards: list[str]) -> dict[str, dict]:
+    """The upstream stages' results of the synthetic run."""
+    return {
         "preload": {
-            "train_shards": [], "holdout_shards": shards, "rows_train": 500, "rows_holdout": 50,
+            "train_shards": [], "holdout_shards": holdout_shards, "rows_train": 500, "rows_holdout": 50,
             "num_classes": NUM_CLASSES, "feature_shape": FEATURE_SHAPE, "class_counts": {"0": 170, "1": 160, "2": 170},
             "partitions": ["2026-01-01"], "input_key": "p1",
         },
@@ -224,7 +223,20 @@ def run_dir(tmp_path_factory) -> tuple[RunDir, dict]:
             "input_key": "t1",
         },
     }  # fmt: skip
-    for stage, result in results.items():
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory) -> tuple[RunDir, dict]:
+    """A finished run: held-out shards, a saved model, event files and every upstream result."""
+    rd = RunDir(tmp_path_factory.mktemp("run"))
+    x, y = make_holdout(50, np.random.default_rng(0))
+    shards = [
+        write_shard(rd.stage("preload") / f"holdout-{i}.arrow", x[s], y[s])
+        for i, s in enumerate((slice(0, 30), slice(30, 50)))
+    ]
+    expected = _export_model(rd, x, y)
+    _write_train_events(rd)
+    for stage, result in _results(rd, shards).items():
         write_json(rd.result_path(stage), result)
     return rd, {"confusion": expected, "x": x, "y": y}
 
@@ -305,6 +317,23 @@ def test_report_sections_without_inputs_say_so():
     assert "learning rate was fixed at 0.1" in html_text
     assert "No train/loss" in html_text and "No held-out evaluation" in html_text
     assert "<img" not in html_text
+
+
+def test_per_rank_section_pieces():
+    from pipelines.analyze.report import _per_rank, _rank_series_plot, _rank_table
+
+    ranks = [
+        {"rank": 0, "device": "<fast>", "batch": 40, "samples_per_sec": 200.0, "balance_efficiency": 0.9},
+        {"rank": 1, "device": "slow", "batch": 24},
+    ]
+    table = _rank_table(ranks)
+    assert table.count("<tr>") == 3  # the header and one row per rank
+    assert "&lt;fast&gt;" in table and "<fast>" not in table
+    assert "<td>90.0%</td>" in table and "<td>–</td>" in table  # efficiency; a missing figure
+    assert _rank_series_plot({"train/loss": [(0, 0.0, 1.0)]}) == ""  # no per-rank scalars
+    assert _rank_series_plot({"rank1/batch": [(0, 0.0, 24.0)]}).count("<img") == 1
+    assert _per_rank({"ranks": ranks}, {}).count("<img") == 1  # the bars, then the table
+    assert "lists no ranks" in _per_rank({}, {"rank0/batch": [(0, 0.0, 40.0)]})
 
 
 def test_confusion_metrics_and_empty_class():

@@ -14,11 +14,13 @@ from pipelines.balance import (
     drifted,
     epoch_steps,
     loss_weights,
+    round_shares,
     scaled_learning_rate,
     scheduled_lr,
     split_proportional,
     sustained_rate,
     warmup_lr,
+    water_fill,
 )
 
 throughputs = st.lists(st.floats(min_value=0.5, max_value=5000, allow_nan=False), min_size=1, max_size=8)
@@ -57,6 +59,23 @@ def test_respects_caps(ranks, data):
 def test_proportional_example_fast_and_slow():
     assert allocate([1.0, 0.4], 140) == [100, 40]
     assert allocate([3.0, 1.0], 256, caps=[150, 1000]) == [150, 106]
+
+
+def test_water_fill_caps_the_fast_ranks_and_shares_the_rest_proportionally():
+    assert water_fill([3.0, 1.0], 100, [1000, 1000]) == pytest.approx([75.0, 25.0])
+    # rank 0 would get 75 > 40: held at 40, and the 60 left split 2 : 1 among the others
+    assert water_fill([3.0, 2.0, 1.0], 100, [40, 1000, 1000]) == pytest.approx([40.0, 40.0, 20.0])
+    # capping rank 0 pushes rank 1 over its cap too: both at their caps, rank 2 takes the rest
+    assert water_fill([3.0, 2.0, 1.0], 100, [40, 35, 1000]) == pytest.approx([40.0, 35.0, 25.0])
+
+
+def test_round_shares_gives_at_least_one_and_the_remainders_to_the_largest_fractions():
+    assert round_shares([2.5, 1.25, 1.25], [2.0, 1.0, 1.0], 5, [10, 10, 10]) == [3, 1, 1]
+    # a share under one sample is raised to one, taken from the others in proportion to their excess
+    assert round_shares([9.7, 0.3], [97.0, 3.0], 10, [10, 10]) == [9, 1]
+    # equal remainders: the faster rank gets the sample
+    assert round_shares([1.5, 1.5], [1.0, 2.0], 3, [10, 10]) == [1, 2]
+    assert round_shares([4.6, 4.4], [1.0, 1.0], 9, [4, 10]) == [4, 5]  # never above a cap
 
 
 def test_damped_halves_a_move_that_undoes_the_last_one():

@@ -7,8 +7,16 @@ import math
 
 import pytest
 
+from pipelines.balance import AllocationError
 from pipelines.errors import StageError
-from pipelines.estimate.planner import plan, ring_allreduce_s
+from pipelines.estimate.planner import (
+    choose,
+    count_options,
+    enumerate_candidates,
+    plan,
+    ring_allreduce_s,
+    score_candidate,
+)
 from pipelines.estimate.profile import fit_step_time, max_batch
 from pipelines.spec import PoolSpec
 
@@ -192,6 +200,58 @@ def test_plan_on_a_mixed_gpu_pool_orders_ranks_and_respects_max_ranks():
     assert p["cost"] >= cheap["cost"]
 
 
+def test_count_options_are_every_count_or_a_geometric_grid():
+    assert count_options(3, limit=10) == [0, 1, 2, 3]
+    assert count_options(40, limit=10) == [0, 1, 2, 4, 8, 16, 32, 40]
+    assert count_options(8, limit=5) == [0, 1, 2, 4, 8]
+
+
+def test_candidates_leave_out_the_empty_one_and_respect_max_ranks():
+    assert enumerate_candidates([2, 1], None) == [(0, 1), (1, 0), (1, 1), (2, 0), (2, 1)]
+    assert enumerate_candidates([2, 1], max_ranks=2) == [(0, 1), (1, 0), (1, 1), (2, 0)]
+    # Three types of 1,000 devices: the search stays near MAX_CANDIDATES (a grid per type).
+    assert len(enumerate_candidates([1000] * 3, None)) < 2000
+
+
+def test_score_candidate_predicts_step_total_energy_and_cost_by_hand():
+    types = {d.name: d for d in pool().device_types}
+    profiles = {"fast": {"fixed_s": 0.01, "per_sample_s": 0.001}, "slow": {"fixed_s": 0.01, "per_sample_s": 0.003}}
+    s = score_candidate(
+        [types["fast"], types["slow"]], profiles, global_batch=80, rows_train=800, epochs=2, comm_s=0.005
+    )
+    assert [r["batch"] for r in s["ranks"]] == [60, 20]  # 3 : 1, both steps 0.07 s
+    assert s["ranks"][0]["samples_per_sec"] == pytest.approx(60 / 0.07)
+    assert s["ranks"][0]["max_batch"] is None  # no memory cap in the profile
+    assert s["devices"] == {"fast": 1, "slow": 1}
+    assert s["predicted_step_s"] == pytest.approx(0.075) and s["allreduce_s"] == 0.005
+    assert s["steps_per_epoch"] == 10 and s["predicted_total_s"] == pytest.approx(2 * 10 * 0.075)
+    assert s["energy_j"] == pytest.approx(95 * 1.5) and s["cost"] == pytest.approx(0.14 * 1.5 / 3600)
+    # "auto": 64 per rank, capped by the rows (rows_train // 4) and by the memory caps
+    auto = score_candidate([types["fast"]], profiles, global_batch=None, rows_train=100, epochs=1, comm_s=0)
+    assert auto["global_batch"] == 25
+    capped = {"fast": {**profiles["fast"], "max_batch": 10}}
+    assert score_candidate([types["fast"]], capped, global_batch=None, rows_train=1000, epochs=1, comm_s=0)[
+        "global_batch"
+    ] == 10
+    with pytest.raises(AllocationError, match=r"2 ranks need a global batch of at least 2 \(got 1\)"):
+        score_candidate([types["fast"], types["slow"]], profiles, global_batch=1, rows_train=10, epochs=1, comm_s=0)
+
+
+def test_choose_minimises_the_objective_within_the_deadline_and_breaks_ties():
+    def cand(total, energy, ranks, meets=True):
+        return {"predicted_total_s": total, "energy_j": energy, "cost": 0.0, "ranks": [{}] * ranks,
+                "meets_deadline": meets, "devices": {"fast": ranks}, "global_batch": 64}  # fmt: skip
+
+    slow_cheap, fast_dear, late = cand(100, 10, 1), cand(50, 30, 2), cand(10, 1, 4, meets=False)
+    assert choose([slow_cheap, fast_dear, late], "energy", 120)["energy_j"] == 10
+    assert choose([slow_cheap, fast_dear, late], "time", 120)["predicted_total_s"] == 50
+    best = choose([cand(100, 0, 3), cand(90, 0, 3), cand(90, 0, 2)], "cost", None)  # equal cost
+    assert (best["predicted_total_s"], len(best["ranks"])) == (90, 2)  # faster, then fewer ranks
+    assert best["objective_value"] == 0.0
+    with pytest.raises(StageError, match=r"deadline_minutes=0.08333 \(5.0 s\) cannot be met.*needs 10.0 s"):
+        choose([late], "time", 5.0)
+
+
 # --------------------------------------------------------------------- calibration, stage
 
 
@@ -210,6 +270,56 @@ def test_time_train_steps_and_calibration_subprocess(tmp_path):
     assert prof["batches"] == [8, 64] and all(t > 0 for t in prof["step_s"])
     assert prof["fixed_s"] >= 0 and prof["per_sample_s"] >= 0 and prof["threads"] == 1
     assert isinstance(prof["quota_enforced"], bool)
+
+
+def test_calibration_command_runs_this_modules_cli(tmp_path):
+    import sys
+
+    from pipelines.estimate.profile import calibration_command
+
+    cmd = calibration_command(tmp_path / "spec.json", "slow", tmp_path / "p.json", 2, (8, 64), 0.5)
+    assert cmd[:3] == [sys.executable, "-m", "pipelines.estimate.profile"]
+    args = dict(zip(cmd[3::2], cmd[4::2], strict=True))
+    assert args == {"--spec": str(tmp_path / "spec.json"), "--device": "slow", "--out": str(tmp_path / "p.json"),
+                    "--threads": "2", "--batches": "8,64", "--min-seconds": "0.5"}  # fmt: skip
+
+
+class _Limiter:
+    def __init__(self):
+        self.limited = []
+
+    def limit(self, pid, name, cpu_share, cpus, period_us):
+        self.limited.append((name, cpu_share, cpus, period_us))
+        return False
+
+
+def _calibrate_with(tmp_path, code: str, timeout_s: float = 30.0):
+    import os
+    import sys
+
+    from pipelines.estimate.profile import run_calibration
+
+    dev = pool().device_types[1]  # slow: core 0, 0.4 of a CPU
+    out = tmp_path / "profile.json"
+    limiter = _Limiter()
+    result = run_calibration([sys.executable, "-c", code, str(out)], dict(os.environ), dev, out, limiter, timeout_s)
+    assert limiter.limited == [("slow", 0.4, [0], 100_000)]  # placed in the device's quota
+    return result
+
+
+def test_run_calibration_returns_the_childs_profile_and_whether_the_quota_held(tmp_path):
+    code = "import json, sys; json.dump({'fixed_s': 0.5}, open(sys.argv[1], 'w'))"
+    assert _calibrate_with(tmp_path, code) == ({"fixed_s": 0.5}, False)
+
+
+def test_run_calibration_failures_name_the_device_and_show_the_output(tmp_path):
+    fails = "import sys; print('\\n'.join(f'line {i}' for i in range(9))); sys.exit(3)"
+    with pytest.raises(StageError, match=r"'slow' failed \(exit 3\): line 4\nline 5\nline 6\nline 7\nline 8$"):
+        _calibrate_with(tmp_path, fails)
+    with pytest.raises(StageError, match=r"'slow' failed \(exit 0\): no profile"):
+        _calibrate_with(tmp_path, "print('no profile')")  # exits 0 without writing one
+    with pytest.raises(StageError, match=r"'slow' took longer than 1 s"):
+        _calibrate_with(tmp_path, "import time; time.sleep(30)", timeout_s=1.0)
 
 
 def _stage_setup(tmp_path, **spec_extra):

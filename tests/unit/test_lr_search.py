@@ -9,8 +9,17 @@ import numpy as np
 import pytest
 
 from pipelines.errors import StageError
-from pipelines.lr_search.curve import ema_lag, find_divergence, smooth, suggest
-from pipelines.lr_search.range_test import lr_schedule
+from pipelines.lr_search.curve import (
+    MIN_POINTS,
+    ema_lag,
+    find_divergence,
+    fit_points,
+    log_fit,
+    pick_rate,
+    smooth,
+    suggest,
+)
+from pipelines.lr_search.range_test import cycling_batches, lr_schedule
 
 pytestmark = pytest.mark.trainer
 
@@ -43,6 +52,56 @@ def test_find_divergence():
     assert find_divergence([2.0, 1.5, 1.0, 0.8, 0.9, 1.1]) is None
     assert find_divergence([2.0, 1.0, 0.5, 0.4, 1.0, 1.7, 3.0]) == 5  # first value > 4 x 0.4
     assert find_divergence([2.0, 1.0, float("inf")]) == 2
+
+
+def test_fit_points_undo_the_smoothing_lag_and_stop_at_the_rebound():
+    lrs = np.geomspace(1e-4, 1e-1, 40)
+    flat = np.full(40, 2.0)
+    x, y = fit_points(lrs, flat, 40, beta=0.9)
+    lag = np.asarray(ema_lag(40, 0.9))
+    step = np.log10(lrs[1] / lrs[0])
+    assert x[0] == pytest.approx(np.log10(lrs[0]))
+    np.testing.assert_allclose(x, np.log10(lrs) - lag * step)  # each point moved back by its lag
+    assert len(y) == 40  # no minimum followed by a rebound: nothing cut
+    # Falls from 3 to 1 by index 20, then climbs back: cut at the first point above 1 + 3/4 * 2.
+    dip = np.concatenate([np.linspace(3.0, 1.0, 21), np.linspace(1.2, 4.0, 19)])
+    x, y = fit_points(lrs, dip, 40, beta=0.0)
+    first_above = int(np.argmax((np.arange(40) > 20) & (dip > 2.5)))
+    assert len(x) == len(y) == first_above and y[-1] <= 2.5
+    np.testing.assert_allclose(x, np.log10(lrs[:first_above]))  # beta 0: no lag
+    # A rebound before MIN_POINTS points is not cut (too little would be left to fit).
+    early = np.concatenate([[3.0, 1.0], np.full(38, 4.0)])
+    assert len(fit_points(lrs, early, 40, beta=0.0)[0]) == 40 > MIN_POINTS
+
+
+def test_pick_rate_takes_a_third_of_the_minimum_but_not_below_the_steepest_descent():
+    x = np.linspace(-5, 0, 60)
+    y = 1.0 + 1.0 / (1 + np.exp(4 * (x + 2.5))) + 0.5 * (x + 0.5) ** 2 * (x > -0.5)  # falls at 10^-2.5
+    coef = np.polyfit(x, y, 5)
+    lo_x, hi_x, steep_x, value, method = pick_rate(x, y, coef, 5, 0.01)
+    assert lo_x < steep_x < hi_x
+    assert -3.2 < steep_x < -1.8 and hi_x > -1.5
+    assert value == pytest.approx(max(10**steep_x, 10**hi_x / 3))
+    assert method == "min-loss lr/3 of poly5 fit, >= steepest descent"
+
+
+def test_pick_rate_without_a_clear_descent_takes_a_tenth_of_the_minimum():
+    x = np.linspace(-5, 0, 60)
+    y = 2.0 - 0.01 * (x + 5)  # falls by 2.5%: more than 2% of the loss...
+    coef = np.polyfit(x, y, 3)
+    assert pick_rate(x, y, coef, 3, 0.001)[4].startswith("min-loss")
+    lo_x, hi_x, steep_x, value, method = pick_rate(x, y, coef, 3, 0.05)  # ...but within twice the noise
+    assert method == "min_loss/10 (no clear descent)"
+    assert lo_x == hi_x == steep_x == pytest.approx(0.0) and value == pytest.approx(0.1)
+
+
+def test_log_fit_over_the_range_and_over_everything_when_the_range_is_too_small():
+    x = np.linspace(-4, 0, 41)
+    y = np.where(x < -2, 3.0 - 0.5 * x, 4.0)  # a line up to -2, flat after
+    a, b, rmse = log_fit(x, y, -4.0, -2.1)
+    assert (a, b) == pytest.approx((3.0, -0.5)) and rmse == pytest.approx(0.0, abs=1e-9)
+    a_all, b_all, rmse_all = log_fit(x, y, -1.0, -1.0)  # one point in range: fit every point
+    assert (a_all, b_all) == pytest.approx(tuple(np.polyfit(x, y, 1)[::-1])) and rmse_all > 0.1
 
 
 def test_suggest_u_shaped_curve_picks_the_top_of_the_safe_range():
@@ -121,6 +180,16 @@ def test_lr_schedule():
 # ------------------------------------------------------------------ real range test and stage
 
 
+def test_cycling_batches_go_round_a_seeded_permutation():
+    batches = cycling_batches(10, 4, seed=3)
+    rows = np.concatenate([next(batches) for _ in range(5)])  # 20 rows: twice round the data
+    assert sorted(rows[:10]) == list(range(10)) and list(rows[10:]) == list(rows[:10])
+    assert list(next(cycling_batches(10, 4, seed=3))) == list(rows[:4])  # same seed, same order
+    assert list(next(cycling_batches(10, 4, seed=4))) != list(rows[:4])
+
+
+
+
 def _write_shard(path, n: int, side: int = 6, classes: int = 3, seed: int = 0) -> dict:
     """A learnable toy dataset as an Arrow IPC file shard, and the preload result describing it."""
     import pyarrow as pa
@@ -153,6 +222,14 @@ def test_load_training_rows_reads_and_normalises(tmp_path):
     x_all, _ = load_training_rows(pre, 10_000)
     assert len(x_all) == 300
     assert abs(float(x_all.mean())) < 1e-4 and float(x_all.std()) == pytest.approx(1.0, rel=1e-3)
+
+
+def test_make_optimizer():
+    from pipelines.lr_search.range_test import make_optimizer
+
+    sgd, adam = make_optimizer("sgd", 0.01), make_optimizer("adam", 0.02)
+    assert type(sgd).__name__ == "SGD" and float(sgd.momentum) == pytest.approx(0.9)
+    assert type(adam).__name__ == "Adam" and float(adam.learning_rate) == pytest.approx(0.02)
 
 
 def test_real_range_test_gives_a_finite_rate(tmp_path):

@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -117,6 +118,45 @@ def test_output_is_identical_whatever_the_batching(tmp_path):
     assert a["content_hash"] == b["content_hash"]
     c = preload(spec(data), tmp_path / "c", seed=2, cache_root=tmp_path / "cc")
     assert not np.array_equal(read_shards(c["holdout_shards"])[1], read_shards(a["holdout_shards"])[1])
+
+
+def _fake_stream(monkeypatch, row_groups: dict[str, int], fail_at=None, got=None, **kw) -> list:
+    """What ``_converted_stream`` yields (appended to ``got``) for files of so many row groups, where
+    every row group gives two batches ``(file, row group, batch)`` and ``fail_at`` (file, row group)
+    raises at its second batch."""
+    from types import SimpleNamespace
+
+    import pipelines.preload.stage as stage
+
+    def batches(plan, info, rg, batch_rows):
+        for j in range(2):
+            if (info.name, rg) == fail_at and j == 1:
+                raise DataError(f"{info.name}: bad row group {rg}")
+            yield (info.name, rg, j)
+
+    monkeypatch.setattr(stage, "_row_group_batches", batches)
+    files = [SimpleNamespace(name=n, metadata=SimpleNamespace(num_row_groups=k)) for n, k in row_groups.items()]
+    got = [] if got is None else got
+    try:
+        for item in stage._converted_stream(SimpleNamespace(files=files), 10, **kw):
+            got.append(item)
+    finally:
+        assert not [t for t in threading.enumerate() if t.name.startswith("preload-")]  # all joined
+    return got
+
+
+def test_converted_stream_keeps_file_row_group_batch_order_with_several_workers(monkeypatch):
+    expected = [(n, rg, j) for n, k in (("a", 3), ("b", 1), ("c", 4)) for rg in range(k) for j in range(2)]
+    for workers in (1, 2, 3, 16):
+        assert _fake_stream(monkeypatch, {"a": 3, "b": 1, "c": 4}, workers=workers, queue_depth=1) == expected
+
+
+def test_converted_stream_raises_a_workers_error_after_the_batches_before_it(monkeypatch):
+    got: list = []
+    with pytest.raises(DataError, match="b: bad row group 1"):
+        _fake_stream(monkeypatch, {"a": 2, "b": 3}, fail_at=("b", 1), got=got, workers=2, queue_depth=1)
+    # everything before the failed row group's bad batch, in order (its first batch included)
+    assert got == [("a", 0, 0), ("a", 0, 1), ("a", 1, 0), ("a", 1, 1), ("b", 0, 0), ("b", 0, 1), ("b", 1, 0)]
 
 
 def test_variable_lists_float64_and_no_id_column(tmp_path):
