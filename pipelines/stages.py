@@ -2,7 +2,7 @@
 
 A stage runs as ``python -m pipelines <stage> ...`` (:func:`stage_command`), locally and in a pod,
 and prints its JSON result as the last line of its standard output (:func:`last_json_object`
-reads it back).  See docs/CONTRACTS.md.
+reads it back).  See docs/ARCHITECTURE.md, "Stages and their contracts".
 """
 
 from __future__ import annotations

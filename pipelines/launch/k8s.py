@@ -412,7 +412,7 @@ def rank_pod_manifests(
     identity: Identity,
     run_dir: str | None = None,
 ) -> list[dict[str, Any]]:
-    """One pod per rank of ``plan`` (format of docs/CONTRACTS.md), rank 0 first."""
+    """One pod per rank of ``plan`` (format: docs/ARCHITECTURE.md, "Stages and their contracts"), rank 0 first."""
     ranks = _check_plan(plan, pool)
     run_dir = run_dir or pod_run_dir(spec, identity)
     addr = rendezvous_address(spec, identity)
