@@ -25,6 +25,7 @@ from pipelines.lr_search.range_test import (
     load_training_rows,
     run_range_test,
 )
+from pipelines.plan import load_plan
 from pipelines.rundir import RunDir, atomic_path, input_key
 from pipelines.spec import JobSpec
 from pipelines.stages import StageContext
@@ -46,7 +47,7 @@ def _planned_batch(spec: JobSpec, run_dir: RunDir) -> tuple[int | None, str | No
     except FileNotFoundError:
         gb = spec.training.global_batch
         return (None if gb == "auto" else int(gb)), None
-    return int(estimate["plan"]["global_batch"]), estimate.get("input_key")
+    return int(load_plan(estimate)["global_batch"]), estimate.get("input_key")  # checked like every plan
 
 
 def plot_curve(path: Path, result: dict[str, Any]) -> None:
