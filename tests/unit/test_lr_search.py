@@ -259,7 +259,7 @@ def test_stage_runs_is_idempotent_and_passes_a_fixed_rate(tmp_path, monkeypatch)
     monkeypatch.setattr(stage, "LR_MIN", 1e-4)
     run_dir = RunDir(tmp_path / "run")
     write_json(run_dir.result_path("preload"), _write_shard(tmp_path / "s.arrow", 400))
-    write_json(run_dir.result_path("estimate"), {"plan": {"global_batch": 24}, "input_key": "est"})
+    write_json(run_dir.result_path("estimate"), {"plan": {"global_batch": 24, "ranks": [{"rank": 0, "device": "fast", "batch": 24}]}, "input_key": "est"})
     doc = {
         "dataset": {"uri": str(tmp_path), "feature_shape": [6, 6, 1], "num_classes": 3},
         "model": {"name": "tiny_mlp", "kwargs": {"hidden": [8]}},
