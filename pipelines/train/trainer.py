@@ -110,6 +110,8 @@ class Trainer:
         self.steps = build_steps(self.model, self.optimizer, hvd, job.shape, job.mean, job.std)
         self.rebalancer = Rebalancer(job.placement.global_batch, job.placement.caps, t.rebalance_threshold,
                                      t.rebalance_every_steps, args.measure_seconds)
+        self.window_steps = max(1, t.rebalance_every_steps or args.window)  # steps between shared figures
+        self.warmup_steps = self.total_steps = 0  # of the learning-rate schedule; set by fit
         self.history: list[dict] = []  # one record per window (pipelines.train.window.window_record)
         self.last: tuple[float, float] = (math.nan, math.nan)  # loss and accuracy of the last step
 
@@ -128,7 +130,6 @@ class Trainer:
         n, steps_per_epoch = len(job.y), len(epoch_steps(len(job.y), self.batches))
         self.warmup_steps = int(round(t.warmup_epochs * steps_per_epoch))
         self.total_steps = job.epochs * steps_per_epoch  # B is fixed, so every epoch has this many steps
-        self.window_steps = max(1, t.rebalance_every_steps or self.args.window)
         inputs = RankInput(job.x, job.y, job.shape)  # one prefetching pipeline for the run
         step, done = int(ckpt.step.numpy()), False
         try:
