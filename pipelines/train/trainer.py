@@ -123,7 +123,7 @@ class Trainer:
 
         job, ckpt, t = self.job, self.checkpoints, self.job.spec.training
         started, resumed_from = time.time(), self.resume()
-        self.hvd.broadcast_variables(self.model.variables, root_rank=0)  # broadcast: rank 0's weights everywhere
+        self.hvd.broadcast_variables(self.model.variables, root_rank=0)  # broadcast: rank 0's weights to every rank
         if not self.args.no_balance and resumed_from is None:
             self.set_batches(self.calibrate())
         events = EventWriter(job.out / "events", self.size) if self.rank == 0 else None  # rank 0 alone
@@ -202,7 +202,7 @@ class Trainer:
         first = not self.history  # the first window also traces the graph: not a speed measurement
         if not first:
             self.rebalancer.measure(window)
-        figs = self.gather(window.figures(self.rebalancer.rate(self.quota())))  # every rank's, on every rank
+        figs = self.gather(window.figures(self.rebalancer.rate(self.quota())))  # allgather: every rank's figures, on every rank
         if not first:
             self.rebalancer.elapsed(float(figs[:, SECONDS].max()))
         record = window_record(step, epoch, figs, self.batches, window)
@@ -244,7 +244,7 @@ class Trainer:
         x, y = calibration_batch(self.job.x, self.job.y, self.job.shape, b)
         weight = self.tf.constant(step_weight(self.batches, self.rank), self.tf.float32)
         rate = probe_rate(self.steps.compute, x, y, weight, b, self.args.probe_steps, self.args.probe_seconds, self.quota)
-        rates = self.gather([rate])[:, 0].tolist()  # every rank's speed, on every rank
+        rates = self.gather([rate])[:, 0].tolist()  # allgather: every rank's speed, on every rank
         new = allocate(rates, self.job.placement.global_batch, self.job.placement.caps)
         if self.rank == 0:
             log.info("calibrated samples/s %s -> local batches %s (was %s)", [round(r, 1) for r in rates], new, self.batches)
@@ -258,7 +258,7 @@ class Trainer:
     def gather(self, values: list[float]):
         """All ranks' figures as an array [size, len(values)] (same on every rank)."""
         tf = self.tf
-        return self.hvd.allgather(tf.constant([values], dtype=tf.float64), name=None).numpy()  # allgather
+        return self.hvd.allgather(tf.constant([values], dtype=tf.float64), name=None).numpy()  # allgather (blocks until every rank sent)
 
     def finish(self, step: int, done: bool, resumed_from: int, train_s: float, events) -> dict:
         """Final checkpoint, SavedModel, events and summary.json (rank 0 alone writes them)."""
