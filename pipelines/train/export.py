@@ -1,0 +1,27 @@
+"""The trained model as a SavedModel with the feature normalisation inside, so serving takes raw
+features: ``serve(x) -> logits`` (signature ``serving_default``).  Rank 0 alone exports."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+
+
+def export_saved_model(model, shape: Sequence[int], mean: float, std: float, target: str | os.PathLike) -> None:
+    """Write the SavedModel to ``target`` atomically (a killed export leaves no half model)."""
+    import tensorflow as tf
+
+    from pipelines.rundir import atomic_path
+
+    class Serving(tf.Module):
+        def __init__(self):
+            super().__init__()
+            self.model = model
+
+        @tf.function(input_signature=[tf.TensorSpec(shape=(None, *shape), dtype=tf.float32)])
+        def serve(self, x):
+            return self.model((x - mean) / std, training=False)
+
+    module = Serving()
+    with atomic_path(target) as tmp:
+        tf.saved_model.save(module, str(tmp), signatures={"serving_default": module.serve})
