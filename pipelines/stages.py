@@ -73,6 +73,13 @@ def stage_command(
     return [python, "-m", "pipelines", stage, "--spec", spec_arg, "--run-dir", str(run_dir), *ctx.to_args()]
 
 
+def rank_command(run_dir: str, python: str = "python") -> list[str]:
+    """The command every training rank runs, the same for the local launcher and the rank pods:
+    the trainer reads the spec the stage saved in the run directory (docs/ARCHITECTURE.md, "Launchers")."""
+    run_dir = str(run_dir).rstrip("/") or "/"
+    return [python, "-m", "pipelines.train.trainer", "--spec", f"{run_dir}/spec.json", "--run-dir", run_dir]
+
+
 def last_json_object(lines: Iterable[str]) -> dict[str, Any] | None:
     """A stage's result in its output: the last line that is a JSON object; None when there is none."""
     for line in reversed(list(lines)):

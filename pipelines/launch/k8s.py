@@ -49,7 +49,7 @@ from pipelines.launch.rendezvous import (
 from pipelines.plan import check_plan
 from pipelines.rundir import safe_component
 from pipelines.spec import DeviceType, JobSpec, PoolSpec, SpecError
-from pipelines.stages import StageContext, stage_command
+from pipelines.stages import StageContext, rank_command, stage_command
 
 __all__ = [
     "Identity",
@@ -418,15 +418,7 @@ def rank_pod_manifests(
     addr = rendezvous_address(spec, identity)
     group = rendezvous_service_name(identity)
     volumes, mounts = _volumes(spec, shm=True)
-    command = [
-        "python",
-        "-m",
-        "pipelines.train.trainer",
-        "--spec",
-        f"{run_dir}/spec.json",
-        "--run-dir",
-        run_dir,
-    ]
+    command = rank_command(run_dir)
     pods = []
     for r, slot in zip(ranks, pod_slots(len(ranks)), strict=True):
         device = pool.get(r["device"])

@@ -15,14 +15,9 @@ from pipelines.errors import StageError
 from pipelines.plan import run_plan
 from pipelines.rundir import RunDir, input_key
 from pipelines.spec import JobSpec
-from pipelines.stages import StageContext
+from pipelines.stages import StageContext, rank_command
 
 log = logging.getLogger(__name__)
-
-
-def rank_command(run_dir: RunDir, python: str | None = None) -> list[str]:
-    """The command every rank runs, locally and in a pod."""
-    return [python or sys.executable, "-m", "pipelines.train.trainer", "--spec", str(run_dir.root / "spec.json"), "--run-dir", str(run_dir)]
 
 
 def run(spec: JobSpec, run_dir: RunDir, ctx: StageContext) -> dict:
@@ -43,7 +38,7 @@ def run(spec: JobSpec, run_dir: RunDir, ctx: StageContext) -> dict:
         raise StageError("the train stage runs ranks locally; with launcher=kubernetes the HorovodJobOperator starts the pods")
     profiles = profiles_from_pool(spec.pool, [r["device"] for r in plan["ranks"]])
     job = f"{ctx.dag_id}-{ctx.run_id}-{ctx.try_number}"[-60:]
-    result = launch(rank_command(run_dir), profiles, job="".join(c if c.isalnum() or c in "-_" else "_" for c in job))
+    result = launch(rank_command(str(run_dir), sys.executable), profiles, job="".join(c if c.isalnum() or c in "-_" else "_" for c in job))
     if result.returncode != 0:
         raise StageError(f"training failed: {result.message}")
     summary_path = run_dir.root / "train" / "summary.json"

@@ -19,6 +19,7 @@ from pipelines.launch.render import render_job
 from pipelines.launch.rendezvous import RENDEZVOUS_PORT
 from pipelines.plan import default_plan, load_plan
 from pipelines.spec import SpecError, load_pool, load_spec
+from pipelines.stages import rank_command
 
 K8S_VERSION = "1.37.0"
 LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
@@ -127,7 +128,8 @@ def test_rank_pods_match_the_plan(rendered, mixed_plan):
         assert env["HOROVOD_GLOO_RENDEZVOUS_ADDR"] == rendered["service.yaml"]["metadata"]["name"] + ".ml.svc"
         assert env["HOROVOD_GLOO_RENDEZVOUS_PORT"] == str(RENDEZVOUS_PORT)
         assert ("HETERO_HOST_RENDEZVOUS" in env) == (r["rank"] == 0)
-        assert c["command"][:3] == ["python", "-m", "pipelines.train.trainer"]
+        run_dir = c["command"][c["command"].index("--run-dir") + 1]
+        assert c["command"] == rank_command(run_dir)  # the local launcher's rank command, in the image
         assert c["envFrom"] == [{"secretRef": {"name": "s3-credentials"}}]
 
 
