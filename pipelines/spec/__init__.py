@@ -316,7 +316,7 @@ def read_mapping(source: str | os.PathLike | dict, what: str) -> tuple[dict, str
         doc = _parse_inline(text, where)
     else:
         where = text
-        doc = _read_file(Path(text))
+        doc = _read_file(Path(text), what)
     if not isinstance(doc, dict):
         raise SpecError(f"{where}: expected a mapping at the top level, got {type(doc).__name__}")
     return doc, where
@@ -334,9 +334,9 @@ def _parse_inline(text: str, where: str) -> Any:
             raise SpecError(f"{where}: not valid JSON: {e}") from None
 
 
-def _read_file(path: Path) -> Any:
+def _read_file(path: Path, what: str) -> Any:
     if not path.is_file():
-        raise SpecError(f"{path}: file not found")
+        raise SpecError(f"{path}: {what} file not found")
     text = path.read_text()
     try:  # JSON first: PyYAML reads floats such as 1e-05 as strings
         return json.loads(text)

@@ -50,7 +50,7 @@ def test_bad_documents_name_the_field(doc, message):
 
 
 def test_file_errors_name_the_file(tmp_path):
-    with pytest.raises(SpecError, match="missing.yaml: file not found"):
+    with pytest.raises(SpecError, match="missing.yaml: job spec file not found"):
         load_spec(tmp_path / "missing.yaml")
     f = tmp_path / "bad.yaml"
     f.write_text("- just\n- a list\n")
@@ -125,7 +125,7 @@ def test_read_mapping_takes_dicts_json_python_literals_and_files(tmp_path):
         ("{not json", r"^plan \(inline JSON\): not valid JSON"),
         ("{1, 2}", r"^plan \(inline JSON\): expected a mapping at the top level, got set"),
         (["a"], r"^plan: expected a mapping, inline JSON or a file path, got list"),
-        ("missing.json", r"^missing\.json: file not found"),
+        ("missing.json", r"^missing\.json: plan file not found"),
     ],
 )
 def test_read_mapping_errors_name_the_document(source, message):
