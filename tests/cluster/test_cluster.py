@@ -7,7 +7,6 @@ import base64
 import datetime as dt
 import json
 import math
-import os
 import re
 import socket
 import time
@@ -58,15 +57,15 @@ def run(kube, manifest: dict) -> tuple:
 
 
 def alive(pid: int) -> bool:
+    """Running (a zombie left for init to reap is dead)."""
     try:
-        os.kill(pid, 0)
-        return True
-    except ProcessLookupError:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
         return False
 
 
 def test_pod_goes_pending_running_succeeded_and_its_logs_stream(kube, cluster):
-    code = "import time; print('early'); time.sleep(1.5); print('late'); time.sleep(0.5)"
+    code = "import time; print('early'); time.sleep(2.2); print('late'); time.sleep(0.3)"
     phases, waiting = [], []
     w = watch.Watch()
     kube.create_namespaced_pod(NS, pod("hello", code))
@@ -95,7 +94,7 @@ def test_pod_goes_pending_running_succeeded_and_its_logs_stream(kube, cluster):
     assert log_text(kube, "hello") == "early\nlate\n"
     assert log_text(kube, "hello", tail_lines=1) == "late\n"
     late = dt.datetime.fromisoformat(TS_LINE.match(followed[1])[1][:26].rstrip("Z") + "+00:00")
-    since = math.ceil(time.time() - late.timestamp())
+    since = math.floor(time.time() - late.timestamp()) + 2  # 1-2 s before 'late': after 'early'
     assert log_text(kube, "hello", since_seconds=since) == "late\n"
     since_time = late.strftime("%Y-%m-%dT%H:%M:%SZ")  # sinceTime (whole seconds) is not in the client
     with urllib.request.urlopen(f"{cluster.url}/api/v1/namespaces/{NS}/pods/hello/log?sinceTime={since_time}") as r:
@@ -111,6 +110,18 @@ def test_a_failing_command_fails_the_pod_with_its_exit_code(kube):
     assert done.status.phase == "Failed"
     assert (term.exit_code, term.reason, term.message) == (3, "Error", "boom\n")
     assert text == "boom\n"
+
+
+def test_on_failure_restarts_the_container_and_keeps_the_previous_log(kube):
+    code = ("import os, sys; first = not os.path.exists('/state/ran'); open('/state/ran', 'w').close();"
+            "print('first' if first else 'second'); sys.exit(1 if first else 0)")
+    manifest = pod("retry", code, restart="OnFailure", volumes=[{"name": "state", "emptyDir": {}}],
+                   volumeMounts=[{"name": "state", "mountPath": "/state"}])
+    done, text = run(kube, manifest)
+    cs = done.status.container_statuses[0]
+    assert (done.status.phase, cs.restart_count, text) == ("Succeeded", 1, "second\n")
+    assert (cs.last_state.terminated.exit_code, cs.last_state.terminated.reason) == (1, "Error")
+    assert log_text(kube, "retry", previous=True) == "first\n"  # the emptyDir outlived the first container
 
 
 def test_env_from_a_secret_reaches_the_process_and_waits_for_a_missing_secret(kube):
@@ -292,12 +303,15 @@ def test_the_cpu_limit_is_the_pod_processs_cfs_quota(kube, cluster):
     assert text == "None\n"
 
 
-def test_pods_python_is_the_trainer_environment(kube, cluster):
-    if not Path(cluster.python).name.startswith("python") or ".venv-trainer" not in cluster.python:
+def test_pods_python_is_the_trainer_environment_with_this_checkout_on_its_path(kube, cluster):
+    if ".venv-trainer" not in cluster.python:
         pytest.skip("no trainer environment")
-    done, text = run(kube, pod("trainer-env", "import sys, pyarrow, pipelines; print(sys.prefix)"))
+    code = "import sys, pyarrow, pipelines; print(sys.prefix); print(pipelines.__file__)"
+    done, text = run(kube, pod("trainer-env", code))
     assert done.status.phase == "Succeeded", text
-    assert text.strip().endswith(".venv-trainer") or Path(text.strip()).resolve() == Path(cluster.python).resolve().parents[1]
+    prefix, package = text.split()
+    assert Path(prefix).resolve() == Path(cluster.python).parents[1].resolve()  # the venv, not its base
+    assert Path(package).is_relative_to(cluster.repo_root)
 
 
 def test_stopping_the_cluster_leaves_no_process_and_no_cgroup(tmp_path):

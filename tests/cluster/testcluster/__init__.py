@@ -20,7 +20,7 @@ import sys
 from pathlib import Path
 
 from testcluster.apiserver import ApiServer
-from testcluster.kubelet import Kubelet
+from testcluster.kubelet import Kubelet, group_members
 from testcluster.scheduler import DEFAULT_NODES, node_object
 from testcluster.store import Store
 
@@ -128,12 +128,5 @@ class TestCluster:
             self.store.create("nodes", "", node_object(spec))
 
     def leftover_pids(self) -> list[int]:
-        """Pids of pod processes (as started) that still exist."""
-        alive = []
-        for pid in sorted(self.kubelet.pids):
-            try:
-                os.kill(pid, 0)
-                alive.append(pid)
-            except ProcessLookupError:
-                pass
-        return alive
+        """Pod processes (by the groups the kubelet started) still alive."""
+        return sorted(pid for pgid in self.kubelet.pids for pid in group_members(pgid))

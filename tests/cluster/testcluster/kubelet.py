@@ -5,8 +5,8 @@ TEST INFRASTRUCTURE, not product code.  What it does as a kubelet does:
 * status: ``Pending`` (container waiting ``ContainerCreating``) -> ``Running`` (``startedAt``, ready,
   ``podIP``) -> ``Succeeded``/``Failed`` (terminated ``exitCode``, ``Completed``/``Error``, times);
   ``restartPolicy`` ``OnFailure``/``Always`` restart with a (short) ``CrashLoopBackOff``;
-* environment: ``env`` (values, ``$(VAR)``, ``secretKeyRef``, ``fieldRef``, ``resourceFieldRef``),
-  ``envFrom`` ``secretRef``; a missing Secret leaves the container waiting
+* environment: ``env`` (values, ``$(VAR)``, ``secretKeyRef``, ``fieldRef``), ``envFrom``
+  ``secretRef``, service links; a missing Secret leaves the container waiting
   ``CreateContainerConfigError`` until it appears;
 * volumes, bind-mounted at their ``mountPath`` in a private mount namespace (``pod_init.py``):
   ``persistentVolumeClaim`` -> one folder per claim under ``<root>/claims``, ``emptyDir`` -> a fresh
@@ -28,7 +28,6 @@ from __future__ import annotations
 import base64
 import json
 import logging
-import math
 import os
 import re
 import shutil
@@ -39,7 +38,7 @@ import threading
 import time
 from pathlib import Path
 
-from pipelines.launch.cgroups import GROUP_PREFIX, CpuLimiter
+from pipelines.launch.cgroups import CpuLimiter
 from testcluster import scheduler
 from testcluster.store import ApiError, Store, labels_match, now, quantity
 
@@ -150,7 +149,7 @@ class Kubelet:
                 self.workers[uid] = PodWorker(self, pod)
                 self.workers[uid].start()
         live = {p["metadata"]["uid"] for p in pods}
-        for key in [k for k in self.logs if k[0] not in live]:
+        for key in [k for k in list(self.logs) if k[0] not in live]:
             del self.logs[key]
         for uid in [u for u, w in self.workers.items() if u not in live and not w.is_alive()]:
             del self.workers[uid]
@@ -171,7 +170,7 @@ class Kubelet:
             def bind(p: dict) -> None:
                 p["spec"]["nodeName"] = node
                 p["status"]["conditions"] = [condition("PodScheduled", "True")]
-            if self.store.update("pods", meta["namespace"], meta["name"], bind):
+            if self.store.update("pods", meta["namespace"], meta["name"], bind, uid=meta["uid"]):
                 pod["spec"]["nodeName"] = node  # counts against the node for the pods after it
                 self.event(pod, "Normal", "Scheduled", f"Successfully assigned {meta['namespace']}/{meta['name']} "
                            f"to {node}", "default-scheduler")
@@ -179,7 +178,7 @@ class Kubelet:
         old = next((c for c in pod["status"].get("conditions") or [] if c["type"] == "PodScheduled"), {})
         if old.get("message") != why:
             self.store.update("pods", meta["namespace"], meta["name"], lambda p: p["status"].update(
-                conditions=[condition("PodScheduled", "False", "Unschedulable", why)]))
+                conditions=[condition("PodScheduled", "False", "Unschedulable", why)]), uid=meta["uid"])
             self.event(pod, "Warning", "FailedScheduling", why, "default-scheduler")
 
     def event(self, pod: dict, kind: str, reason: str, message: str, component: str = "kubelet",
@@ -221,18 +220,6 @@ class Kubelet:
         if self.limiter is not None:
             with self.cgroup_lock:
                 self.limiter.limit(pid, group, cores)
-
-    def release_cpu(self, group: str) -> None:
-        if self.limiter is None or self.limiter.base is None:
-            return
-        path = self.limiter.base / GROUP_PREFIX / self.limiter.job / group
-        with self.cgroup_lock:
-            if path in self.limiter.groups:
-                try:
-                    path.rmdir()
-                    self.limiter.groups.remove(path)
-                except OSError:
-                    pass  # a process is still leaving it; cleanup() tries again
 
 
 def condition(kind: str, status: str, reason: str | None = None, message: str | None = None) -> dict:
@@ -408,12 +395,8 @@ class PodWorker(threading.Thread):
                     "spec.nodeName": self.pod["spec"].get("nodeName", ""), "status.podIP": "127.0.0.1",
                     "spec.serviceAccountName": self.pod["spec"].get("serviceAccountName", ""),
                     "status.hostIP": "127.0.0.1", "status.podIPs": "127.0.0.1"}.get(path, "")
-        if "resourceFieldRef" in src:
-            ref = src["resourceFieldRef"]
-            kind, res = ref["resource"].split(".", 1)
-            value = ((c.get("resources") or {}).get(kind) or {}).get(res, "0")
-            return str(math.ceil(quantity(value) / quantity(ref.get("divisor") or 1)))
-        raise ConfigError("CreateContainerConfigError", f"env {e['name']}: configmap references are not supported")
+        raise ConfigError("CreateContainerConfigError", f"env {e['name']}: only value, secretKeyRef and fieldRef "
+                          "are supported by the test cluster")
 
     def run_containers(self) -> None:
         """Start, watch and restart the containers until they are all done or the pod is deleted."""
@@ -448,7 +431,12 @@ class PodWorker(threading.Thread):
                 return True
             return False
         self.kubelet.event(self.pod, "Normal", "Pulled", f'Container image "{c["image"]}" already present on machine', container=name)
-        self.launch(name, st, env)
+        try:
+            self.launch(name, st, env)
+        except OSError as e:  # no unshare, no fork: as a runtime that cannot start the task
+            term = {"exitCode": 128, "reason": "StartError", "message": str(e), "startedAt": now(), "finishedAt": now()}
+            st.update(state={"terminated": term}, next_try=None)
+            return True
         self.kubelet.event(self.pod, "Normal", "Started", f"Started container {name}", container=name)
         return True
 
@@ -499,7 +487,6 @@ class PodWorker(threading.Thread):
         wait_group_gone(proc.pid)
         st["reader"].join(5)
         st["log"].finish()
-        self.kubelet.release_cpu(self.group(name, st["restartCount"]))
         term = {"exitCode": code, "reason": "Completed" if code == 0 else "Error",
                 "startedAt": st["state"]["running"]["startedAt"], "finishedAt": now(),
                 "containerID": f"containerd://{self.uid.replace('-', '')}{name}"}
@@ -576,12 +563,23 @@ def signal_group(pid: int, sig: int) -> None:
 
 
 def wait_group_gone(pgid: int, timeout: float = 5.0) -> None:
-    """Wait until no process of the group is left (orphans are reaped by init, not by us)."""
+    """Wait until no process of the group is left alive (zombies awaiting init's reaping are dead)."""
     deadline = time.time() + timeout
     while time.time() < deadline:
-        try:
-            os.killpg(pgid, 0)
-        except ProcessLookupError:
+        if not group_members(pgid):
             return
         time.sleep(0.02)
     log.warning("processes of group %s outlived their container", pgid)
+
+
+def group_members(pgid: int) -> list[int]:
+    """Live (not zombie) processes whose process group is ``pgid``."""
+    out = []
+    for entry in os.listdir("/proc"):
+        try:
+            fields = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if fields[2] == str(pgid) and fields[0] != "Z":
+            out.append(int(entry))
+    return out
