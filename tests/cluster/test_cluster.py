@@ -18,6 +18,7 @@ from kubernetes import watch
 from kubernetes.client.exceptions import ApiException
 from testcluster import TestCluster
 
+pytest_plugins = ["testcluster.fixtures"]  # cluster, cluster_nodes, kube, kube_conn, task_context
 NS = "default"
 TS_LINE = re.compile(r"^(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d{1,9})?Z) (.*)$")
 
@@ -144,6 +145,8 @@ def test_env_from_a_secret_reaches_the_process_and_waits_for_a_missing_secret(ku
     assert finished(kube, "env").status.phase == "Succeeded"
     assert json.loads(log_text(kube, "env")) == {"USER_KEY": "abc", "TOKEN": "t0k", "POD": "env",
                                                  "MIXED": "abc-env", "RANK": "2"}
+    assert kube.delete_namespaced_secret("s3-creds", NS).status == "Success"
+    assert [s.metadata.name for s in kube.list_namespaced_secret(NS).items if s.metadata.name == "s3-creds"] == []
 
 
 def test_claim_empty_dir_and_secret_volumes_are_real_folders_at_their_mount_paths(kube, cluster):
@@ -151,15 +154,15 @@ def test_claim_empty_dir_and_secret_volumes_are_real_folders_at_their_mount_path
     volumes = [{"name": "artifacts", "persistentVolumeClaim": {"claimName": "hetero-artifacts"}},
                {"name": "scratch", "emptyDir": {}}, {"name": "creds", "secret": {"secretName": "vol-secret"}}]
     mounts = [{"name": "artifacts", "mountPath": "/mnt/artifacts"}, {"name": "scratch", "mountPath": "/tmp"},
-              {"name": "creds", "mountPath": "/etc/creds", "readOnly": True}]
+              {"name": "creds", "mountPath": "/mnt/creds", "readOnly": True}]
     write = ("import os; open('/mnt/artifacts/from-a', 'w').write('a'); open('/tmp/mine', 'w').write('x');"
-             "os.makedirs('/work/out', exist_ok=True); print(os.getcwd(), sorted(os.listdir('/tmp')))")
+             "print(os.getcwd(), sorted(os.listdir('/tmp')))")
     read = ("import os; print(open('/mnt/artifacts/from-a').read(), os.listdir('/tmp'),"
-            "open('/etc/creds/token.txt').read())")
-    a, text_a = run(kube, pod("writer", write, volumes=volumes, volumeMounts=mounts[:2], workingDir="/work/dir"))
+            "open('/mnt/creds/token.txt').read())")
+    a, text_a = run(kube, pod("writer", write, volumes=volumes, volumeMounts=mounts[:2], workingDir="/tmp/work"))
     b, text_b = run(kube, pod("reader", read, volumes=volumes, volumeMounts=mounts))
     assert (a.status.phase, b.status.phase) == ("Succeeded", "Succeeded"), (text_a, text_b)
-    assert text_a == "/work/dir ['mine']\n"  # /tmp is the pod's own emptyDir, workingDir was created
+    assert text_a == "/tmp/work ['mine', 'work']\n"  # /tmp is the pod's own emptyDir; workingDir was made there
     assert text_b == "a [] s3cr3t\n"  # the claim is shared; the second pod's emptyDir is fresh
     assert (cluster.claim_path("hetero-artifacts") / "from-a").read_text() == "a"
     assert not Path("/mnt/artifacts/from-a").exists() and not Path("/tmp/mine").exists()  # private mounts
@@ -176,7 +179,7 @@ def test_service_names_resolve_and_a_pod_reaches_another_through_them(kube, free
               "names = ['rdzv', 'rdzv.default.svc.cluster.local', 'web.default.svc', 'rank-0.rdzv.default.svc.cluster.local']\n"
               "print(sorted({socket.gethostbyname(n) for n in names}))\n"
               "for _ in range(100):\n"
-              f"    try: c = socket.create_connection(('rank-0.rdzv', {free_port})); break\n"
+              f"    try: c = socket.create_connection(('rdzv', {free_port})); break\n"
               "    except OSError: time.sleep(0.1)\n"
               "c.sendall(b'ping'); print(c.recv(64).decode())")
     srv = pod("rank-0-pod", server, pod_spec={"hostname": "rank-0", "subdomain": "rdzv"})
@@ -212,7 +215,7 @@ def failed_scheduling(kube, name: str) -> str:
         NS, field_selector=f"involvedObject.name={name},reason=FailedScheduling").items], what="FailedScheduling")[-1]
 
 
-def test_pods_that_fit_no_node_stay_pending_with_the_schedulers_message(kube):
+def test_pods_that_fit_no_node_stay_pending_with_the_schedulers_message(kube, cluster, cluster_nodes):
     kube.create_namespaced_pod(NS, gpu_pod("two-gpus", 2))
     assert failed_scheduling(kube, "two-gpus") == "0/2 nodes are available: 2 Insufficient nvidia.com/gpu."
     selector = pod("wrong-pool", "pass", pod_spec={"nodeSelector": {"accelerator": "nvidia-a100"}})
@@ -228,9 +231,16 @@ def test_pods_that_fit_no_node_stay_pending_with_the_schedulers_message(kube):
     assert (done.spec.node_name, done.status.phase, text) == ("gpu-node", "Succeeded", "on gpu\n")
     time.sleep(0.3)
     assert kube.read_namespaced_pod("two-gpus", NS).status.phase == "Pending"
-    for name in ("two-gpus", "wrong-pool"):
-        kube.delete_namespaced_pod(name, NS)  # unscheduled pods go at once
-    assert not kube.list_namespaced_pod(NS, field_selector="status.phase=Pending").items
+    kube.delete_namespaced_pod("wrong-pool", NS)  # unscheduled pods go at once
+    assert [p.metadata.name for p in kube.list_namespaced_pod(NS, field_selector="status.phase=Pending").items] == ["two-gpus"]
+    try:  # a node that fits arrives: the pending pod is scheduled on it
+        big = {"name": "big-gpu-node", "capacity": {"nvidia.com/gpu": "4"}, "taints": cluster_nodes[1]["taints"]}
+        cluster.set_nodes(cluster_nodes + [big])
+        assert (finished(kube, "two-gpus").spec.node_name) == "big-gpu-node"
+        assert [n.metadata.name for n in kube.list_node(label_selector="kubernetes.io/hostname=big-gpu-node").items] == [
+            "big-gpu-node"]
+    finally:
+        cluster.set_nodes(cluster_nodes)
 
 
 def api_error(call, *args) -> tuple[int, dict]:
@@ -269,7 +279,10 @@ def test_invalid_and_duplicate_objects_are_refused_as_a_real_server_does(kube):
     assert (code, body["reason"], body["message"]) == (404, "NotFound", 'pods "nowhere" not found')
     finished(kube, "twice")
     patched = kube.patch_namespaced_pod("twice", NS, {"metadata": {"labels": {"already_checked": "True"}}})
-    assert patched.metadata.labels == {"already_checked": "True"}
+    assert patched.metadata.labels == {"already_checked": "True"}  # a strategic-merge patch (the client's choice)
+    patched = kube.patch_namespaced_pod("twice", NS, {"metadata": {"annotations": {"a": "1"}, "labels": {"x": "y"}}},
+                                        _content_type="application/merge-patch+json")
+    assert (patched.metadata.annotations, patched.metadata.labels) == ({"a": "1"}, {"already_checked": "True", "x": "y"})
     assert [p.metadata.name for p in kube.list_namespaced_pod(NS, label_selector="already_checked=True,!airflow-worker").items] == ["twice"]
     code, _ = api_error(kube.patch_namespaced_pod, "twice", NS, {"spec": {"restartPolicy": "Always"}})
     assert code == 422

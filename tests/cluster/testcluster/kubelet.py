@@ -19,8 +19,11 @@ TEST INFRASTRUCTURE, not product code.  What it does as a kubelet does:
 * logs: stdout and stderr with a timestamp per line, for ``pods/log``;
 * deletion: SIGTERM to the process group, SIGKILL after the grace period, then the object goes.
 
-All pods share the host network: a pod's port is 127.0.0.1:<port>, so a Service's ``port`` must
-equal its ``targetPort``.  ``securityContext`` (users, read-only root) is not applied.
+Limits of the imitation: all pods share the host network (a pod's port is 127.0.0.1:<port>, so a
+Service's ``port`` must equal its ``targetPort``) and the host's root filesystem: only volumes are
+private, a missing ``mountPath`` is created (empty) on the host, and what a pod writes elsewhere
+lands on the host.  ``securityContext`` (users, read-only root) and memory limits are not applied;
+processes that leave their process group (``setsid``) are not tracked.
 """
 
 from __future__ import annotations
@@ -337,6 +340,9 @@ class PodWorker(threading.Thread):
             data = self.secret(src["secretName"], src.get("optional"), f'MountVolume.SetUp failed for volume "{v["name"]}" : ')
             items = src.get("items") or [{"key": k, "path": k} for k in data]
             for item in items:
+                if item["key"] not in data:
+                    raise ConfigError("ContainerCreating", f'MountVolume.SetUp failed for volume "{v["name"]}" : '
+                                      f'references non-existent secret key: {item["key"]}')
                 (path / item["path"]).parent.mkdir(parents=True, exist_ok=True)
                 (path / item["path"]).write_bytes(data[item["key"]])
                 (path / item["path"]).chmod(item.get("mode", src.get("defaultMode", 0o644)))
@@ -373,10 +379,10 @@ class PodWorker(threading.Thread):
                 if not ref.get("optional"):
                     raise ConfigError("CreateContainerConfigError", f'configmap "{ref.get("name")}" not found')
         for e in c.get("env") or []:
-            env[e["name"]] = self.env_value(c, e, env)
+            env[e["name"]] = self.env_value(e, env)
         return env
 
-    def env_value(self, c: dict, e: dict, env: dict) -> str:
+    def env_value(self, e: dict, env: dict) -> str:
         src = e.get("valueFrom")
         if not src:
             return expand(e.get("value") or "", env)

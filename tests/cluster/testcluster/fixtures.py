@@ -1,22 +1,18 @@
-"""Fixtures for tests that need a Kubernetes cluster whose pods run for real (Airflow environment).
+"""Pytest fixtures for tests that need a Kubernetes cluster whose pods run for real (Airflow environment).
 
-The cluster is TEST INFRASTRUCTURE (``tests/cluster/testcluster``).  Another test folder uses it with
-``sys.path.insert(0, "<repo>/tests/cluster")`` and ``from testcluster import TestCluster``.
+TEST INFRASTRUCTURE.  A pytest plugin rather than a ``conftest.py``: the test modules of tests/k8s
+import their own ``conftest`` by name, which a second ``conftest`` module in the same session would
+shadow.  Use it from a test module with ``pytest_plugins = ["testcluster.fixtures"]`` (tests/cluster
+on ``sys.path``), or import the fixtures by name into a conftest.
 """
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 
-HERE = Path(__file__).resolve().parent
-if str(HERE) not in sys.path:
-    sys.path.insert(0, str(HERE))
-
-from testcluster import TestCluster  # noqa: E402
+from testcluster import TestCluster
 
 GPU_TAINT = {"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"}
 NODES = [
@@ -27,9 +23,15 @@ NODES = [
 
 
 @pytest.fixture(scope="module")
-def cluster(tmp_path_factory):
-    """One cluster per test module, with a CPU node and a tainted one-GPU node."""
-    with TestCluster(tmp_path_factory.mktemp("cluster"), nodes=NODES) as c:
+def cluster_nodes() -> list[dict]:
+    """The nodes of :func:`cluster`: a CPU node and a tainted one-GPU node."""
+    return [dict(n) for n in NODES]
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory, cluster_nodes):
+    """One cluster per test module (its nodes: :func:`cluster_nodes`)."""
+    with TestCluster(tmp_path_factory.mktemp("cluster"), nodes=cluster_nodes) as c:
         yield c
 
 
