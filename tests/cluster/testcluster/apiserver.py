@@ -129,6 +129,11 @@ class Handler(BaseHTTPRequestHandler):
             self.send_json(e.code, e.status())
         except (BrokenPipeError, ConnectionResetError):
             self.close_connection = True
+        except ValueError as e:  # a query parameter that is not a number
+            self.send_json(400, ApiError(400, "BadRequest", f"invalid request: {e}").status())
+        except Exception as e:
+            log.exception("test cluster API server failed on %s %s", method, self.path)
+            self.send_json(500, ApiError(500, "InternalError", f"internal error: {e!r}").status())
 
     def route(self, method: str, res: str, ns: str, name: str, sub: str | None, q: dict, body) -> None:
         store = self.server.store

@@ -64,7 +64,7 @@ def quantity(value) -> float:
 # -- defaults (what the API server fills in before it stores an object)
 
 def default_pod(pod: dict) -> None:
-    spec, status = pod.setdefault("spec", {}), pod.setdefault("status", {})
+    spec = pod.setdefault("spec", {})
     for key, value in (("restartPolicy", "Always"), ("dnsPolicy", "ClusterFirst"), ("enableServiceLinks", True),
                        ("schedulerName", "default-scheduler"), ("terminationGracePeriodSeconds", 30),
                        ("serviceAccountName", "default"), ("securityContext", {}), ("priority", 0)):
@@ -80,8 +80,7 @@ def default_pod(pod: dict) -> None:
             res["requests"] = {**res["limits"], **(res.get("requests") or {})}
         for port in c.get("ports") or []:
             port.setdefault("protocol", "TCP")
-    status.setdefault("phase", "Pending")
-    status.setdefault("qosClass", qos_class(spec.get("containers") or []))
+    pod["status"] = {"phase": "Pending", "qosClass": qos_class(spec.get("containers") or [])}  # a client's is ignored
 
 
 def qos_class(containers: list[dict]) -> str:
@@ -352,6 +351,10 @@ class Store:
             new = merge_patch(old, body)
             check_quantities(new)
             new["metadata"].update({k: old["metadata"][k] for k in ("name", "namespace", "uid", "creationTimestamp")})
+            if "status" in old:  # status belongs to the status subresource
+                new["status"] = old["status"]
+            if resource == "secrets":
+                default_secret(new)
             if resource == "pods" and _mutable(new["spec"]) != _mutable(old["spec"]):
                 raise ApiError(422, "Invalid", f'Pod "{name}" is invalid: spec: Forbidden: pod updates may not '
                                "change fields other than `spec.containers[*].image`, `spec.activeDeadlineSeconds`"
