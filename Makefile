@@ -39,7 +39,7 @@ test-trainer:
 	$(TVENV)/bin/python -m pytest -q -p no:cacheprovider tests/unit tests/integration/trainer
 
 test-airflow:
-	$(VENV)/bin/python -m pytest -q -p no:cacheprovider tests/dags tests/k8s tests/integration/airflow
+	$(VENV)/bin/python -m pytest -q -p no:cacheprovider tests/dags tests/k8s tests/cluster tests/integration/airflow
 
 lint: setup
 	$(VENV)/bin/ruff check .

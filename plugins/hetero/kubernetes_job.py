@@ -152,6 +152,14 @@ def _startup_problem(pod: k8s_models.V1Pod) -> str | None:
     return " ".join(issue.split()) if issue else None
 
 
+def read_pod_log(client: CoreV1Like, name: str, namespace: str, **kwargs: Any) -> str:
+    """A pod's log as text.  The raw response is asked for (``_preload_content=False``) and decoded
+    here: the kubernetes client 36 otherwise returns the ``str()`` of a bytes object
+    (``"b'line\\n...'"``, kubernetes-client/python issue 2596)."""
+    response = client.read_namespaced_pod_log(name, namespace, _preload_content=False, **kwargs)
+    return response.data.decode("utf-8", errors="replace")
+
+
 def _rank(pod: k8s_models.V1Pod) -> int:
     return int(pod.metadata.labels["rank"])
 
@@ -420,13 +428,10 @@ class HorovodGang:
 
     def _log_tail(self, pod: k8s_models.V1Pod, term: Any) -> list[str]:
         try:
-            text = self.client.read_namespaced_pod_log(
-                pod.metadata.name,
-                self.namespace,
-                container=k8s.RANK_CONTAINER,
-                tail_lines=self.log_tail_lines,
+            text = read_pod_log(
+                self.client, pod.metadata.name, self.namespace, container=k8s.RANK_CONTAINER, tail_lines=self.log_tail_lines
             )
-            lines = str(text or "").splitlines()
+            lines = text.splitlines()
         except Exception:
             lines = []
         if not lines and term is not None and term.message:  # FallbackToLogsOnError
@@ -471,11 +476,11 @@ class HorovodGang:
                 1, int((pendulum.now("UTC") - self._log_last_ts).total_seconds()) + 2
             )
         try:
-            text = self.client.read_namespaced_pod_log(pod.metadata.name, self.namespace, **kwargs)
+            text = read_pod_log(self.client, pod.metadata.name, self.namespace, **kwargs)
         except Exception as e:  # logs are best effort; the pod status decides the outcome
             self.log.debug("Reading rank 0's log failed: %s", e)
             return
-        for raw in str(text or "").splitlines():
+        for raw in text.splitlines():
             ts, message = parse_log_line(raw)
             if ts is not None and self._log_last_ts is not None:
                 if ts < self._log_last_ts or (ts == self._log_last_ts and raw in self._log_seen_at_last):

@@ -9,6 +9,7 @@ from __future__ import annotations
 import copy
 import datetime as dt
 from collections.abc import Callable
+from types import SimpleNamespace
 from typing import Any
 
 from kubernetes.client import models as m
@@ -179,7 +180,7 @@ class FakeCoreV1:
         self.calls.append(("patch_pod", name))
         self.pods[name].metadata.labels.update(body["metadata"]["labels"])
 
-    def read_namespaced_pod_log(self, name: str, namespace: str, **kwargs: Any) -> str:
+    def read_namespaced_pod_log(self, name: str, namespace: str, **kwargs: Any) -> Any:
         rank = int(self.pods[name].metadata.labels["rank"])
         lines = self.logs.get(rank, [])
         if kwargs.get("tail_lines"):
@@ -189,7 +190,10 @@ class FakeCoreV1:
                 f"{(T0 + dt.timedelta(seconds=i)).isoformat().replace('+00:00', 'Z')} {s}"
                 for i, s in enumerate(lines)
             ]
-        return "\n".join(lines)
+        data = "\n".join(lines).encode()
+        if kwargs.get("_preload_content") is False:
+            return SimpleNamespace(data=data)  # the raw urllib3 response
+        return str(data)  # what kubernetes 36 returns when it decodes the log itself
 
     def list_namespaced_event(
         self, namespace: str, field_selector: str = "", **kwargs: Any
