@@ -180,23 +180,19 @@ def epoch_steps(num_rows: int, batches: Sequence[int]) -> list[list[StepSlice]]:
     if num_rows < 1:
         raise ValueError("an epoch needs at least one row")
     full, rest = divmod(num_rows, total)
-    steps: list[list[StepSlice]] = []
-    for s in range(full):
-        start = s * total
-        row = []
-        for b in batches:
-            row.append(StepSlice(start, start + b))
-            start += b
-        steps.append(row)
+    steps = [_consecutive(s * total, batches) for s in range(full)]
     if rest:
-        tail = split_proportional(rest, batches)
-        start = full * total
-        row = []
-        for b in tail:
-            row.append(StepSlice(start, start + b))
-            start += b
-        steps.append(row)
+        steps.append(_consecutive(full * total, split_proportional(rest, batches)))
     return steps
+
+
+def _consecutive(start: int, sizes: Sequence[int]) -> list[StepSlice]:
+    """Slices of ``sizes`` rows each, one after the other from ``start``."""
+    out = []
+    for size in sizes:
+        out.append(StepSlice(start, start + size))
+        start += size
+    return out
 
 
 def split_proportional(total: int, weights: Sequence[int | float]) -> list[int]:
