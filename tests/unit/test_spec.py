@@ -3,11 +3,9 @@
 from __future__ import annotations
 
 import json
-import re
 
 import pytest
 
-from pipelines.plan import load_plan
 from pipelines.spec import SpecError, job_schema, load_pool, load_spec, read_mapping
 
 GOOD = {"dataset": {"uri": "/data/shapes"}}
@@ -153,51 +151,3 @@ def test_inline_and_python_literal_specs_and_pools_load():
     assert load_pool(json.dumps(pool)).get("a").count == 1
     with pytest.raises(SpecError, match=r"^pool: 1 invalid field\(s\)\n  device_types: required field missing"):
         load_pool({})
-
-
-def test_load_plan_takes_a_plan_or_the_estimate_result(tmp_path):
-    assert load_plan(PLAN) is PLAN
-    (tmp_path / "result.json").write_text(json.dumps({"plan": PLAN, "input_key": "k"}))
-    assert load_plan(tmp_path / "result.json") == PLAN
-    assert load_plan(str(PLAN)) == PLAN
-
-
-def _with_rank(i: int, rank) -> dict:
-    ranks = [dict(r) for r in PLAN["ranks"]]
-    ranks[i] = rank
-    return dict(PLAN, ranks=ranks)
-
-
-@pytest.mark.parametrize(
-    "plan, message",
-    [
-        ({"global_batch": 4}, r"^plan\.ranks: must be a non-empty list, got None"),
-        (dict(PLAN, ranks=[]), r"^plan\.ranks: must be a non-empty list, got \[\]"),
-        (dict(PLAN, ranks={"0": {}}), r"^plan\.ranks: must be a non-empty list"),
-        (_with_rank(1, "slow"), r"^plan\.ranks\[1\]: must be an object with device and batch, got 'slow'"),
-        (_with_rank(1, {"rank": 1, "batch": 32}), r"^plan\.ranks\[1\]\.device: must be a device type name, got None"),
-        (_with_rank(0, {"rank": 0, "device": 3, "batch": 32}), r"^plan\.ranks\[0\]\.device: .*got 3"),
-        (_with_rank(1, {"rank": 1, "device": "slow"}), r"^plan\.ranks\[1\]\.batch: must be a positive integer, got None"),
-        (_with_rank(1, {"rank": 1, "device": "slow", "batch": 0}), r"^plan\.ranks\[1\]\.batch: .*got 0"),
-        (_with_rank(1, {"rank": 1, "device": "slow", "batch": -8}), r"^plan\.ranks\[1\]\.batch: .*got -8"),
-        (_with_rank(1, {"rank": 1, "device": "slow", "batch": 2.5}), r"^plan\.ranks\[1\]\.batch: .*got 2\.5"),
-        (_with_rank(1, {"rank": 1, "device": "slow", "batch": "32"}), r"^plan\.ranks\[1\]\.batch: .*got '32'"),
-        (_with_rank(1, {"rank": 1, "device": "slow", "batch": True}), r"^plan\.ranks\[1\]\.batch: .*got True"),
-    ],
-)
-def test_bad_plans_name_the_field(plan, message):
-    with pytest.raises(SpecError, match=message):
-        load_plan(plan)
-    with pytest.raises(SpecError, match=message.replace("^plan", r"^plan \(inline JSON\): plan")):
-        load_plan(json.dumps(plan))
-
-
-def test_a_bad_plan_file_is_named(tmp_path):
-    path = tmp_path / "plan.json"
-    path.write_text(json.dumps(_with_rank(1, {"rank": 1, "device": "slow", "batch": 0})))
-    message = rf"^{re.escape(str(path))}: plan\.ranks\[1\]\.batch: must be a positive integer, got 0"
-    with pytest.raises(SpecError, match=message):
-        load_plan(path)
-    path.write_text("[1, 2]")
-    with pytest.raises(SpecError, match=r"plan\.json: expected a mapping at the top level, got list"):
-        load_plan(path)
