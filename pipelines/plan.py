@@ -29,19 +29,24 @@ def run_plan(run_dir: RunDir) -> dict[str, Any]:
     return load_plan(path)
 
 
-def load_plan(source: str | dict[str, Any] | Path) -> dict[str, Any]:
-    """A checked plan from a dict, a JSON (or Python-literal) string, or a file (plan.json or the
-    estimate stage's result.json, whose ``plan`` field is taken)."""
+def load_plan(source: str | dict[str, Any] | Path, pool: PoolSpec | None = None) -> dict[str, Any]:
+    """A checked plan (:func:`check_plan`, against ``pool`` when given) from a dict, a JSON (or
+    Python-literal) string, or a file (plan.json or the estimate stage's result.json, whose
+    ``plan`` field is taken)."""
     plan, where = read_mapping(source, "plan")
     if "ranks" not in plan and isinstance(plan.get("plan"), dict):
         plan = plan["plan"]  # the estimate stage's result.json
-    return check_plan(plan, where)
+    return check_plan(plan, where, pool=pool)
 
 
-def check_plan(plan: Any, where: str = "plan") -> dict[str, Any]:
+def check_plan(plan: Any, where: str = "plan", pool: PoolSpec | None = None) -> dict[str, Any]:
     """``plan`` itself when it has a non-empty ``ranks`` list of objects, each with a ``device``
     name and a positive integer ``batch``; otherwise a :class:`SpecError` naming the field, e.g.
-    ``plan.ranks[1].batch: ...`` (after the file's path when ``where`` names one)."""
+    ``plan.ranks[1].batch: ...`` (after the file's path when ``where`` names one).
+
+    With ``pool``, every rank's device must be one of its types, and no type may have more ranks
+    than its ``count`` (a cluster would leave the extra pods Pending for ever).
+    """
     prefix = "" if where == "plan" else f"{where}: "
     if not isinstance(plan, dict):
         raise SpecError(f"{prefix}plan: expected a mapping, got {type(plan).__name__}")
@@ -58,7 +63,27 @@ def check_plan(plan: Any, where: str = "plan") -> dict[str, Any]:
         batch = rank.get("batch")
         if not isinstance(batch, int) or isinstance(batch, bool) or batch < 1:
             raise SpecError(f"{field}.batch: must be a positive integer, got {batch!r}")
+    if pool is not None:
+        _check_against_pool(ranks, pool, prefix)
     return plan
+
+
+def _check_against_pool(ranks: list[dict[str, Any]], pool: PoolSpec, prefix: str) -> None:
+    counts = {d.name: d.count for d in pool.device_types}
+    used: dict[str, int] = {}
+    for i, rank in enumerate(ranks):
+        device = rank["device"]
+        if device not in counts:
+            raise SpecError(
+                f"{prefix}plan.ranks[{i}].device: {device!r} is not a device type of the pool (have {list(counts)})"
+            )
+        used[device] = used.get(device, 0) + 1
+        if used[device] > counts[device]:
+            total = sum(r["device"] == device for r in ranks)
+            raise SpecError(
+                f"{prefix}plan.ranks[{i}].device: the plan has {total} ranks on {device!r} but the pool has "
+                f"count {counts[device]} of it (device_types.{list(counts).index(device)}.count)"
+            )
 
 
 def default_plan(spec: JobSpec, pool: PoolSpec) -> dict[str, Any]:

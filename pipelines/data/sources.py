@@ -18,6 +18,8 @@ from pathlib import Path
 from typing import Any
 
 from pipelines.errors import DataError
+from pipelines.spec.uris import is_remote as _is_remote
+from pipelines.spec.uris import redact_uri  # one redaction for the spec's errors and the recorded URIs
 
 __all__ = [
     "SourceFile",
@@ -59,21 +61,6 @@ class Dataset:
             scheme = self.uri.split("://", 1)[0]
             return f"{scheme}://{file.path}"
         return file.path
-
-
-def redact_uri(uri: str) -> str:
-    """``uri`` without user-info, query string or fragment (where credentials may hide)."""
-    if "://" not in uri:
-        return uri
-    parts = urllib.parse.urlsplit(uri)
-    netloc = parts.hostname or ""
-    if parts.port:
-        netloc = f"{netloc}:{parts.port}"
-    return urllib.parse.urlunsplit((parts.scheme, netloc, parts.path, "", ""))
-
-
-def _is_remote(uri: str) -> bool:
-    return "://" in uri and not uri.startswith("file://")
 
 
 def check_allowed(uri: str, allowed_roots: Sequence[str]) -> None:

@@ -4,8 +4,11 @@ Everything a run needs is in a :class:`JobSpec`; it is validated once, up front,
 fields or wrong types are rejected with the field's dotted path in the message.  The pool file
 describing device types is a :class:`PoolSpec`.
 
-Only pydantic and PyYAML are imported here: the Airflow environment imports this module while
-parsing DAG files.
+Values the Kubernetes API or the run directory would refuse later (object names, resource
+quantities, image references, remote or credential-bearing URIs) are refused here, before any
+work starts (docs/ARCHITECTURE.md, "Failure rules"); :func:`check_kubernetes` adds the checks that
+need the pool.  Only pydantic, PyYAML and the standard library are imported here: the Airflow
+environment imports this module while parsing DAG files.
 """
 
 from __future__ import annotations
@@ -15,13 +18,18 @@ import json
 import math
 import os
 import re
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from pipelines.spec import kube
+from pipelines.spec.uris import is_remote, redact_uri, uri_credentials
+
 __all__ = [
     "SpecError",
+    "FieldError",
     "JobSpec",
     "ModelSpec",
     "DatasetSpec",
@@ -37,6 +45,8 @@ __all__ = [
     "read_mapping",
     "job_schema",
     "format_validation_error",
+    "check_kubernetes",
+    "kubernetes_storage_problems",
 ]
 
 MODEL_REF = re.compile(r"^[A-Za-z_][\w.]*(:[A-Za-z_]\w*)?$")
@@ -47,8 +57,36 @@ class SpecError(ValueError):
     """A job spec or pool file that cannot be used; the message names the file and field."""
 
 
+class FieldError(ValueError):
+    """A validator's error: one or more ``(field, message)`` problems, shown as ``<path>: <message>``
+    without the input (which may hold a secret).  ``field`` is a dotted path below the validated
+    model's own location; ``""`` is that location itself."""
+
+    def __init__(self, *problems: tuple[str, str]) -> None:
+        self.problems = problems
+        super().__init__("; ".join(f"{f}: {m}" if f else m for f, m in problems))
+
+
+def _fail(message: str) -> FieldError:
+    return FieldError(("", message))
+
+
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_default=True, frozen=False)
+    # hide_input_in_errors: str(ValidationError) never echoes a value (a URI may hold a secret);
+    # format_validation_error shows inputs itself, redacted.
+    model_config = ConfigDict(extra="forbid", validate_default=True, frozen=False, hide_input_in_errors=True)
+
+
+def _schema_rule(pattern: str, max_length: int | None = None) -> Callable[[dict], None]:
+    """The same rule in the JSON schema, so the trigger form refuses a bad value too."""
+
+    def extra(schema: dict) -> None:
+        target = next((s for s in schema.get("anyOf", []) if s.get("type") == "string"), schema)
+        target["pattern"] = pattern
+        if max_length is not None:
+            target["maxLength"] = max_length
+
+    return extra
 
 
 class ModelSpec(_Strict):
@@ -104,6 +142,13 @@ class DatasetSpec(_Strict):
     )
     holdout_fraction: float = Field(0.1, gt=0, lt=0.5, description="Share of rows held out for evaluation.")
 
+    @field_validator("uri")
+    @classmethod
+    def _uri(cls, v: str) -> str:
+        if not v.strip():
+            raise _fail("must not be empty: a Parquet file, folder or dataset URI")
+        return v
+
     @property
     def feature_size(self) -> int:
         return math.prod(self.feature_shape)
@@ -158,20 +203,93 @@ class TrainingSpec(_Strict):
 class KubernetesSpec(_Strict):
     """Where and how pods run when ``launcher`` is ``kubernetes``."""
 
-    namespace: str = Field("default", description="Namespace for the job's pods and service.")
-    image: str = Field("hetero-pipelines-trainer:0.1.0", description="Trainer image (entrypoint python -m pipelines).")
+    namespace: str = Field(
+        "default",
+        description="Namespace for the job's pods and service (a DNS-1123 label).",
+        json_schema_extra=_schema_rule(kube.DNS_LABEL, 63),
+    )
+    image: str = Field(
+        "hetero-pipelines-trainer:0.1.0",
+        description="Trainer image (entrypoint python -m pipelines) for stage pods and for ranks on device types "
+        "without GPUs.",
+        json_schema_extra=_schema_rule(kube.IMAGE_REFERENCE),
+    )
+    gpu_image: str | None = Field(
+        None,
+        description="Trainer image for ranks on device types that request GPUs (nvidia.com/gpu or any */gpu "
+        "resource), e.g. hetero-pipelines-trainer:0.1.0-gpu from docker/Dockerfile.trainer-gpu. Required for a "
+        "pool with GPUs unless allow_cpu_image_on_gpu is true.",
+        json_schema_extra=_schema_rule(kube.IMAGE_REFERENCE),
+    )
+    allow_cpu_image_on_gpu: bool = Field(
+        False,
+        description="Run ranks on GPU device types with the CPU image (image) when gpu_image is not set; without "
+        "this a pool with GPUs and no gpu_image is refused.",
+    )
     image_pull_policy: Literal["Always", "IfNotPresent", "Never"] = "IfNotPresent"
     kubernetes_conn_id: str = Field("kubernetes_default", description="Airflow connection to the cluster.")
-    service_account_name: str | None = Field(None, description="Service account for the pods (token mounted only if set).")
-    artifact_volume_claim: str | None = Field(
-        None, description="PersistentVolumeClaim (ReadWriteMany) mounted at artifact_root in every pod."
+    service_account_name: str | None = Field(
+        None,
+        description="Service account for the pods (a DNS-1123 subdomain; token mounted only if set).",
+        json_schema_extra=_schema_rule(kube.DNS_SUBDOMAIN, 253),
     )
-    secret_name: str | None = Field(None, description="Secret whose keys become environment variables (envFrom).")
+    artifact_volume_claim: str | None = Field(
+        None,
+        description="PersistentVolumeClaim (ReadWriteMany) mounted at artifact_root in every pod; required with "
+        "launcher kubernetes (a DNS-1123 subdomain).",
+        json_schema_extra=_schema_rule(kube.DNS_SUBDOMAIN, 253),
+    )
+    secret_name: str | None = Field(
+        None,
+        description="Secret whose keys become environment variables (envFrom); where credentials go "
+        "(a DNS-1123 subdomain).",
+        json_schema_extra=_schema_rule(kube.DNS_SUBDOMAIN, 253),
+    )
     pod_template_file: str | None = Field(None, description="Optional pod template merged under every pod.")
     scheduling_timeout_s: int = Field(600, ge=10, description="How long all ranks may wait to be scheduled.")
     image_pull_timeout_s: int = Field(900, ge=10, description="How long image pulls may take once scheduled.")
     keep_failed_pods: bool = Field(False, description="Leave failed pods for inspection instead of deleting them.")
-    kueue_queue: str | None = Field(None, description="Kueue LocalQueue name for gang admission, if the cluster has Kueue.")
+    kueue_queue: str | None = Field(
+        None,
+        description="Kueue LocalQueue name for gang admission, if the cluster has Kueue (a DNS-1123 subdomain of "
+        "at most 63 characters: it is also a label value).",
+        json_schema_extra=_schema_rule(kube.DNS_SUBDOMAIN, 63),
+    )
+
+    @field_validator("namespace")
+    @classmethod
+    def _namespace(cls, v: str) -> str:
+        if problem := kube.dns_label_problem(v):
+            raise _fail(problem)
+        return v
+
+    @field_validator("service_account_name", "artifact_volume_claim", "secret_name")
+    @classmethod
+    def _object_name(cls, v: str | None) -> str | None:
+        if v is not None and (problem := kube.dns_subdomain_problem(v)):
+            raise _fail(problem)
+        return v
+
+    @field_validator("kueue_queue")
+    @classmethod
+    def _queue(cls, v: str | None) -> str | None:
+        # a LocalQueue's name, and the value of the pods' kueue.x-k8s.io/queue-name label (<= 63)
+        if v is not None and (problem := kube.dns_subdomain_problem(v, max_length=63)):
+            raise _fail(problem)
+        return v
+
+    @field_validator("image", "gpu_image")
+    @classmethod
+    def _image(cls, v: str | None) -> str | None:
+        if v is not None and (problem := kube.image_problem(v)):
+            raise _fail(problem)
+        return v
+
+    def image_for(self, resources: Mapping[str, str]) -> str:
+        """The image of a pod with these resources: ``gpu_image`` when they request a GPU and it is set."""
+        if self.gpu_image and kube.requests_gpu(resources):
+            return self.gpu_image
+        return self.image
 
 
 class JobSpec(_Strict):
@@ -188,23 +306,89 @@ class JobSpec(_Strict):
     )
     pool: str = Field("examples/pool-local.yaml", description="Pool file describing the device types (YAML).")
     launcher: Literal["local", "kubernetes"] = Field("local", description="Run ranks as local processes or as pods.")
-    artifact_root: str = Field("artifacts", description="Run directories go under <artifact_root>/<dag_id>/<run_id>/.")
+    artifact_root: str = Field(
+        "artifacts",
+        description="Run directories go under <artifact_root>/<dag_id>/<run_id>/. A filesystem path (a bucket "
+        "must be mounted, e.g. through a CSI driver); with launcher kubernetes an absolute path where "
+        "kubernetes.artifact_volume_claim is mounted.",
+    )
     allowed_roots: list[str] = Field(
         default_factory=list,
         description="If set, dataset and artifact paths must lie under one of these roots (paths or URI prefixes).",
     )
     kubernetes: KubernetesSpec = Field(default_factory=KubernetesSpec)
 
+    @field_validator("artifact_root")
+    @classmethod
+    def _root(cls, v: str) -> str:
+        if not v.strip():
+            raise _fail("must not be empty: a folder for the run directories")
+        return v
+
     @model_validator(mode="after")
-    def _roots(self) -> JobSpec:
-        if self.allowed_roots:
+    def _locations(self) -> JobSpec:
+        problems = _credential_problems(self) or _storage_problems(self)
+        if not problems and self.allowed_roots:
             for field, value in (("dataset.uri", self.dataset.uri), ("artifact_root", self.artifact_root)):
                 if not _under_any(value, self.allowed_roots):
-                    raise ValueError(f"{field} {value!r} is outside the allowed roots {self.allowed_roots}")
+                    problems.append((field, f"{redact_uri(value)!r} is outside the allowed roots {self.allowed_roots}"))
+        if problems:
+            raise FieldError(*problems)
         return self
 
     def to_json(self) -> str:
         return self.model_dump_json()
+
+
+def _credential_problems(spec: JobSpec) -> list[tuple[str, str]]:
+    """Credentials written into a URI: refused, so they never reach a file, a log or an XCom."""
+    fields = [("dataset.uri", spec.dataset.uri), ("artifact_root", spec.artifact_root)]
+    fields += [(f"allowed_roots.{i}", root) for i, root in enumerate(spec.allowed_roots)]
+    problems = []
+    for field, value in fields:
+        if found := uri_credentials(value):
+            problems.append((
+                field,
+                f"{redact_uri(value)!r} carries credentials ({found}); remove them from the URI and put them in "
+                "the Secret named by kubernetes.secret_name (its keys become environment variables, e.g. "
+                "AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY) or in the environment of the workers",
+            ))
+    return problems
+
+
+def _storage_problems(spec: JobSpec) -> list[tuple[str, str]]:
+    """The run directory must be a filesystem; with launcher kubernetes one volume shared by every
+    pod, mounted at the same absolute path (docs/ARCHITECTURE.md, "Launchers")."""
+    root = spec.artifact_root
+    if is_remote(root):
+        return [(
+            "artifact_root",
+            f"{redact_uri(root)!r} is a remote URI, but the run directory and the preload cache must be a local or mounted "
+            "filesystem (ranks memory-map the shards); mount the bucket as a filesystem (a CSI driver such as "
+            "Mountpoint for Amazon S3 or Cloud Storage FUSE, as a ReadWriteMany volume claim) and set "
+            "artifact_root to its mount path",
+        )]
+    return kubernetes_storage_problems(spec) if spec.launcher == "kubernetes" else []
+
+
+def kubernetes_storage_problems(spec: JobSpec) -> list[tuple[str, str]]:
+    """Why stage pods and rank pods could not share the run directory (``[]`` when they can): every
+    pod mounts ``kubernetes.artifact_volume_claim`` at ``artifact_root``, an absolute path, which
+    is also where the Airflow side finds the run directory."""
+    problems = []
+    if not spec.artifact_root.removeprefix("file://").startswith("/"):
+        problems.append((
+            "artifact_root",
+            f"{spec.artifact_root!r} is a relative path; with launcher kubernetes it must be absolute: the path "
+            "where kubernetes.artifact_volume_claim is mounted in every stage and rank pod (e.g. /mnt/artifacts)",
+        ))
+    if not spec.kubernetes.artifact_volume_claim:
+        problems.append((
+            "kubernetes.artifact_volume_claim",
+            "required with launcher kubernetes: a ReadWriteMany PersistentVolumeClaim mounted at artifact_root "
+            "in every stage and rank pod, so that they share the run directory",
+        ))
+    return problems
 
 
 def _under_any(value: str, roots: list[str]) -> bool:
@@ -242,15 +426,26 @@ class KubernetesDevice(_Strict):
 
     resources: dict[str, str] = Field(
         default_factory=lambda: {"cpu": "1", "memory": "2Gi"},
-        description='Requests (= limits), e.g. {"cpu": "8", "memory": "32Gi", "nvidia.com/gpu": "1"}.',
+        description='Requests (= limits), e.g. {"cpu": "8", "memory": "32Gi", "nvidia.com/gpu": "1"}: Kubernetes '
+        "resource names and quantities.",
     )
     node_selector: dict[str, str] = Field(default_factory=dict)
     tolerations: list[dict[str, Any]] = Field(default_factory=list)
     affinity: dict[str, Any] = Field(default_factory=dict)
 
+    @field_validator("resources")
+    @classmethod
+    def _resources(cls, v: dict[str, str]) -> dict[str, str]:
+        problems = [(name, p) for name, value in v.items() if (p := kube.resource_problem(name, value))]
+        if problems:
+            raise FieldError(*problems)
+        return v
+
 
 class DeviceType(_Strict):
-    name: str = Field(description="Lower-case name (a DNS label), e.g. a100, t4, fast.")
+    name: str = Field(
+        description="Lower-case name (a DNS label of at most 40 characters; pods carry it in a label), e.g. a100, t4."
+    )
     count: int = Field(ge=1, description="How many devices of this type the pool has.")
     memory_gb: float = Field(gt=0, description="Memory per device available to a rank.")
     power_watts: float = Field(gt=0, description="Power drawn while training, for the energy objective.")
@@ -262,8 +457,16 @@ class DeviceType(_Strict):
     @classmethod
     def _name(cls, v: str) -> str:
         if not NAME.match(v):
-            raise ValueError(f"{v!r} must be a lower-case DNS label (a-z, 0-9, '-')")
+            raise _fail(
+                f"{v!r} must be a lower-case DNS label of at most 40 characters (a-z, 0-9, '-', starting and "
+                "ending with a letter or digit): pods carry it in their device_type label"
+            )
         return v
+
+    @property
+    def requests_gpu(self) -> bool:
+        """True when a pod of this type asks Kubernetes for a GPU (``nvidia.com/gpu`` or any ``*/gpu``)."""
+        return kube.requests_gpu(self.kubernetes.resources)
 
 
 class PoolSpec(_Strict):
@@ -288,14 +491,26 @@ class PoolSpec(_Strict):
 
 
 def format_validation_error(err: ValidationError, source: str) -> str:
-    lines = [f"{source}: {err.error_count()} invalid field(s)"]
+    """One line per invalid field, ``  <dotted path>: <message>``, after ``<source>: N invalid field(s)``."""
+    lines = []
     for e in err.errors():
-        path = ".".join(str(p) for p in e["loc"]) or "<root>"
-        msg = e["msg"]
-        if e["type"] == "extra_forbidden":
-            msg = "unknown field"
-        lines.append(f"  {path}: {msg} (got {e.get('input')!r})" if e["type"] != "missing" else f"  {path}: required field missing")
-    return "\n".join(lines)
+        loc = [str(p) for p in e["loc"]]
+        error = (e.get("ctx") or {}).get("error")
+        if isinstance(error, FieldError):  # our own checks: their message, never the input
+            lines += [f"  {'.'.join([*loc, f] if f else loc) or '<root>'}: {m}" for f, m in error.problems]
+            continue
+        path = ".".join(loc) or "<root>"
+        msg = "unknown field" if e["type"] == "extra_forbidden" else e["msg"]
+        if e["type"] == "missing":
+            lines.append(f"  {path}: required field missing")
+        else:
+            lines.append(f"  {path}: {msg} (got {_redacted(repr(e.get('input')))})")
+    return "\n".join([f"{source}: {len(lines)} invalid field(s)", *lines])
+
+
+def _redacted(text: str) -> str:
+    """``text`` with every URI in it redacted (a rejected value may still hold credentials)."""
+    return re.sub(r"[A-Za-z][\w+.-]*://[^\s'\",]+", lambda m: redact_uri(m.group(0)), text)
 
 
 def read_mapping(source: str | os.PathLike | dict, what: str) -> tuple[dict, str]:
@@ -386,3 +601,30 @@ def job_schema() -> dict:
         return node
 
     return inline(schema)
+
+
+def check_kubernetes(spec: JobSpec, pool: PoolSpec | None = None) -> None:
+    """Raise :class:`SpecError` unless the Kubernetes layer can create this job's pods; call it
+    before creating anything, whatever ``spec.launcher`` says.
+
+    The pods must share the run directory (:func:`kubernetes_storage_problems`), and ranks on a
+    device type of ``pool`` that requests GPUs need ``kubernetes.gpu_image`` (the manifests use it
+    for those ranks, see :meth:`KubernetesSpec.image_for`) unless
+    ``kubernetes.allow_cpu_image_on_gpu`` says the CPU image is intended.
+    """
+    problems = kubernetes_storage_problems(spec)
+    k = spec.kubernetes
+    if pool is not None and k.gpu_image is None and not k.allow_cpu_image_on_gpu:
+        for i, device in enumerate(pool.device_types):
+            if device.requests_gpu:
+                gpus = {n: v for n, v in device.kubernetes.resources.items() if n.endswith("/gpu")}
+                problems.append((
+                    "kubernetes.gpu_image",
+                    f"device type {device.name!r} (pool device_types.{i}) requests {gpus}, but its ranks would "
+                    f"run the CPU image {k.image!r}: set kubernetes.gpu_image to a GPU build of the trainer "
+                    "(docker/Dockerfile.trainer-gpu), or kubernetes.allow_cpu_image_on_gpu: true if the CPU "
+                    "image is intended",
+                ))
+    if problems:
+        lines = [f"  {field}: {message}" for field, message in problems]
+        raise SpecError("\n".join([f"job spec: {len(problems)} invalid field(s) for Kubernetes", *lines]))

@@ -259,8 +259,11 @@ def test_load_plan_accepts_files_results_and_python_literals(tmp_path, mixed_pla
 def test_storage_problem_without_a_shared_volume(spec_doc):
     assert k8s.storage_problem(load_spec(spec_doc)) is None
     spec_doc["kubernetes"].pop("artifact_volume_claim")
-    assert "artifact_volume_claim" in k8s.storage_problem(load_spec(spec_doc))
-    assert k8s.storage_problem(load_spec(dict(spec_doc, artifact_root="s3://bucket/runs"))) is None
+    with pytest.raises(SpecError, match="artifact_volume_claim: required with launcher kubernetes"):
+        load_spec(spec_doc)  # the spec itself refuses it now (tests/k8s/test_validation.py)
+    assert "artifact_volume_claim" in k8s.storage_problem(load_spec(dict(spec_doc, launcher="local")))
+    with pytest.raises(SpecError, match="artifact_root: 's3://bucket/runs' is a remote URI"):
+        load_spec(dict(spec_doc, artifact_root="s3://bucket/runs"))  # preload could not use it
 
 
 def test_render_cli_writes_yaml_without_a_cluster(tmp_path, spec_doc, mixed_plan, capsys):

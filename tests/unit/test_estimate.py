@@ -331,7 +331,8 @@ def _stage_setup(tmp_path, **spec_extra):
     run_dir = RunDir(tmp_path / "run")
     write_json(run_dir.result_path("preload"), {"rows_train": 5400, "input_key": "pre"})
     spec = load_spec(
-        {"dataset": {"uri": str(tmp_path)}, "pool": str(pool_file), "launcher": "kubernetes", **spec_extra}
+        {"dataset": {"uri": str(tmp_path)}, "pool": str(pool_file), "launcher": "kubernetes",
+         "artifact_root": str(tmp_path / "artifacts"), "kubernetes": {"artifact_volume_claim": "artifacts"}, **spec_extra}
     )
     return spec, run_dir, pool_file
 
