@@ -97,7 +97,7 @@ def test_bad_shards_name_the_file(tmp_path, split):
         open_split({"train_shards": [preload["train_shards"][1]]})
     with pytest.raises(StageError, match="no 'holdout_shards'"):
         open_split(preload, "holdout")
-    rows, labels = open_shards([])  # an empty list of shards: nothing to read
+    rows, labels = open_shards([])  # evaluation of an empty held-out split: nothing to read
     assert len(rows) == 0 and labels.dtype == np.int32
 
 
@@ -126,3 +126,25 @@ def test_calibration_batch_from_mapped_rows(split):
     bx, by = calibration_batch(rows, labels, (2, 3), rows=70)  # more rows than the split: repeats
     idx = np.arange(70) % 63
     assert same_bits(bx.numpy(), x[idx].reshape(-1, 2, 3)) and same_bits(by.numpy(), y[idx])
+
+
+def test_range_test_rows_are_the_first_rows_shuffled_and_normalised(split):
+    from pipelines.lr_search.range_test import load_training_rows
+
+    preload, x, y = split
+    preload = {**preload, "feature_mean": 0.25, "feature_std": 1.5}
+    got_x, got_y = load_training_rows(preload, 40, seed=4)
+    order = np.random.default_rng(4).permutation(40)
+    want = ((x[:40] - 0.25) / 1.5)[order].reshape(40, 2, 3)
+    assert same_bits(got_x, want) and same_bits(got_y, y[:40][order])
+    assert len(load_training_rows(preload, 1000)[1]) == 63
+
+
+def test_holdout_batches_cross_shards(split):
+    from pipelines.analyze.evaluate import iter_holdout
+
+    preload, x, y = split
+    batches = list(iter_holdout(preload["train_shards"], W, batch_size=25))
+    assert [len(b[1]) for b in batches] == [25, 25, 13]
+    assert same_bits(np.concatenate([b[0] for b in batches]), x)
+    assert np.array_equal(np.concatenate([b[1] for b in batches]), y) and batches[0][1].dtype == np.int64
