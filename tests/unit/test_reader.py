@@ -4,6 +4,7 @@ flow")."""
 
 from __future__ import annotations
 
+import importlib.util
 from pathlib import Path
 
 import numpy as np
@@ -15,6 +16,7 @@ from pipelines.errors import DataError, StageError
 
 pytestmark = pytest.mark.trainer
 
+ROOT = Path(__file__).resolve().parents[2]
 W = 6  # feature width of the small shards
 
 
@@ -148,3 +150,33 @@ def test_holdout_batches_cross_shards(split):
     assert [len(b[1]) for b in batches] == [25, 25, 13]
     assert same_bits(np.concatenate([b[0] for b in batches]), x)
     assert np.array_equal(np.concatenate([b[1] for b in batches]), y) and batches[0][1].dtype == np.int64
+
+
+def _bench_preload():
+    spec = importlib.util.spec_from_file_location("bench_preload", ROOT / "bench" / "preload.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_a_ranks_private_memory_does_not_grow_with_the_dataset(tmp_path):
+    """One shard of 65,536 rows x 784 float32 (196 MB) and four (784 MB): a fresh process opens
+    them as a rank does and gathers one epoch in random batches of 1,024 rows (bench/preload.py's
+    probe, which bench/preload.py reports as ``rank_private_mb_by_rows``).
+
+    What is measured is the growth of RssAnon, the process's private anonymous memory, sampled
+    after every gather: a private copy of the split (what ``np.concatenate`` of the shards made)
+    lands there.  VmHWM or ru_maxrss would not do: they count the mapped shards' pages the gathers
+    touched (RssFile), which are the page cache shared by every rank of the node and which the
+    kernel can drop at will -- they grow with the dataset whatever the reader does.  The probe's
+    ``--copy`` step, a copy of the whole 1x split, shows the measure sees a private copy.
+    """
+    bench = _bench_preload()
+    one = bench.probe_rank(bench.write_shards(tmp_path / "x1", 1), copy=True)
+    four = bench.probe_rank(bench.write_shards(tmp_path / "x4", 4))
+    shard_mb = bench.SHARD_ROWS * bench.FEATURES * 4 / 2**20
+    assert one["rows"] == bench.SHARD_ROWS and four["rows"] == 4 * bench.SHARD_ROWS
+    assert one["copy_mb"] > 0.95 * shard_mb, one  # the measure sees a copy of the split
+    assert four["file_mb"] > 2 * shard_mb, four  # the whole 4x split was read, through the map
+    assert four["private_mb"] < 4 * shard_mb / 20, (one, four)  # far below the data (39 MB)
+    assert abs(four["private_mb"] - one["private_mb"]) < 8, (one, four)  # flat: batches only
