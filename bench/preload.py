@@ -6,19 +6,28 @@ Writes the sample dataset, warms the page cache, then alternates, ``repeats`` ti
 ``pyarrow.parquet.read_table`` of the same files (the faster of one call over the list and one call
 per file) and a full preload (validation, conversion,
 held-out split, statistics and shard writing, cache disabled by a fresh cache root each time),
-keeping the best time of each.  The last line printed is one JSON object:
-``{"vs_raw_pyarrow": preload rows/s / read_table rows/s, "input_wait_fraction": ..., "rows": ...}``.
+keeping the best time of each.  It also measures a rank's private memory while it reads training
+batches from shards of 65,536 rows of 784 float32 features, for 1 and 4 shards
+(:func:`rank_private_mb`).  The last line printed is one JSON object:
+``{"vs_raw_pyarrow": preload rows/s / read_table rows/s, "input_wait_fraction": ..., "rows": ...,
+"rank_private_mb_by_rows": {rows: MB}}``.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
+import subprocess
 import sys
 import tempfile
+import textwrap
 import time
 from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+SHARD_ROWS, FEATURES = 65_536, 784  # the preload stage's shard, an MNIST-sized row
 
 
 def measure_preload(work: Path, rows_per_day: int, days: int, repeats: int) -> dict:
@@ -83,6 +92,84 @@ def measure_input_wait(global_batch: int = 256, steps: int = 30) -> float:
         shutil.rmtree(work, ignore_errors=True)
 
 
+# A rank's reading, alone in a fresh process: open the shards as the trainer does, then gather one
+# epoch in random batches (each sorted, as RankInput does), sampling the private memory (RssAnon)
+# after every gather while the batch is alive; with --copy, then also the whole split (load_split).
+RANK_PROBE = textwrap.dedent(
+    """
+    import json, sys
+    import numpy as np
+    import pyarrow  # the base: imports, before any data
+    from pipelines.data.reader import open_shards
+
+    def rss_mb(key):
+        with open("/proc/self/status") as f:
+            return next(int(line.split()[1]) for line in f if line.startswith(key + ":")) / 1024
+
+    batch, copy, paths = int(sys.argv[1]), sys.argv[2] == "--copy", sys.argv[3:]
+    base = rss_mb("RssAnon")
+    rows, labels = open_shards(paths)
+    order, peak = np.random.default_rng(0).permutation(len(labels)), base
+    for start in range(0, len(order), batch):
+        idx = np.sort(order[start : start + batch])
+        x, y = rows[idx], labels[idx]
+        peak = max(peak, rss_mb("RssAnon"))
+    out = {"rows": len(labels), "private_mb": peak - base, "file_mb": rss_mb("RssFile")}
+    if copy:
+        del x, y
+        whole = rows[:]  # what the reader once did: a private copy of the split
+        out["copy_mb"] = rss_mb("RssAnon") - base
+    print(json.dumps(out))
+    """
+)
+
+
+def write_shards(folder: Path, shards: int, rows: int = SHARD_ROWS, width: int = FEATURES) -> list[str]:
+    """``shards`` Arrow IPC files of ``rows`` rows, in record batches as the preload stage writes them."""
+    import numpy as np
+    import pyarrow as pa
+
+    from pipelines.preload.stage import DEFAULT_BATCH_BYTES
+
+    per_batch = DEFAULT_BATCH_BYTES // (4 * width + 8)
+    x = np.random.default_rng(0).random((per_batch, width), dtype=np.float32)
+    feats = pa.FixedSizeListArray.from_arrays(pa.array(x.ravel()), width)
+    batch = pa.record_batch([feats, pa.array(np.arange(per_batch) % 10, pa.int32())], ["features", "label"])
+    folder.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for s in range(shards):
+        path = folder / f"train-{s:05d}.arrow"
+        with pa.ipc.new_file(str(path), batch.schema) as writer:
+            for start in range(0, rows, per_batch):
+                writer.write_batch(batch.slice(0, min(per_batch, rows - start)))
+        paths.append(str(path))
+    return paths
+
+
+def probe_rank(paths: list[str], batch: int = 1024, copy: bool = False) -> dict:
+    """:data:`RANK_PROBE` over ``paths`` in a fresh process: ``rows``, ``private_mb`` (the peak
+    growth of its private memory), ``file_mb`` (mapped file pages resident) and ``copy_mb``."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+    flag = "--copy" if copy else "--no-copy"
+    proc = subprocess.run(
+        [sys.executable, "-c", RANK_PROBE, str(batch), flag, *paths],
+        capture_output=True, text=True, timeout=300, env=env,
+    )
+    if proc.returncode:
+        raise RuntimeError(f"rank memory probe failed: {proc.stderr[-2000:]}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def rank_private_mb(work: Path, shard_counts: tuple[int, ...] = (1, 4)) -> dict[str, float]:
+    """A rank's peak private memory growth (MB) while it reads one epoch, by training rows."""
+    out = {}
+    for n in shard_counts:
+        m = probe_rank(write_shards(work / f"shards-{n}", n))
+        out[str(m["rows"])] = round(m["private_mb"], 1)
+        shutil.rmtree(work / f"shards-{n}")
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument(
@@ -95,6 +182,7 @@ def main(argv: list[str] | None = None) -> int:
     work = Path(args.work) if args.work else Path(tempfile.mkdtemp(prefix="bench-preload-"))
     try:
         figures = measure_preload(work, args.rows_per_day, args.days, args.repeats)
+        private = rank_private_mb(work / "rank-memory")
     finally:
         if not args.work:
             shutil.rmtree(work, ignore_errors=True)
@@ -103,6 +191,7 @@ def main(argv: list[str] | None = None) -> int:
         "vs_raw_pyarrow": round(figures["preload_rows_per_s"] / figures["raw_rows_per_s"], 3),
         "input_wait_fraction": measure_input_wait(),
         "rows": figures["rows"],
+        "rank_private_mb_by_rows": private,
     }
     print(json.dumps(line), flush=True)
     return 0

@@ -23,39 +23,18 @@ def iter_holdout(
 ) -> Iterator[tuple[Any, Any]]:
     """Yield ``(features float32 [n, feature_size], labels int64 [n])`` batches from Arrow IPC shards.
 
-    Raises :class:`DataError` naming the shard when a file is missing or its columns are wrong.
+    The shards stay memory-mapped (:func:`pipelines.data.reader.open_shards`); only one batch is
+    gathered at a time.  Raises :class:`DataError` naming the shard when a file is missing or its
+    columns are wrong.
     """
     import numpy as np
-    import pyarrow as pa
-    import pyarrow.ipc as ipc
 
-    for shard in shards:
-        path = Path(shard)
-        if not path.is_file():
-            raise DataError(f"{path}: held-out shard not found")
-        try:
-            table = ipc.open_file(pa.memory_map(str(path))).read_all()
-        except pa.ArrowInvalid as e:
-            raise DataError(f"{path}: not an Arrow IPC file: {e}") from None
-        for column in ("features", "label"):
-            if column not in table.column_names:
-                raise DataError(f"{path}: missing column {column!r} (have {table.column_names})")
-        features_type = table.schema.field("features").type
-        if not pa.types.is_fixed_size_list(features_type) or features_type.list_size != feature_size:
-            raise DataError(
-                f"{path}: column 'features' is {features_type}, expected fixed_size_list<float32>[{feature_size}]"
-            )
-        for batch in table.to_batches(max_chunksize=batch_size):
-            if batch.num_rows == 0:
-                continue
-            feats = (
-                batch.column("features")
-                .flatten()
-                .to_numpy(zero_copy_only=False)
-                .astype(np.float32, copy=False)
-            )
-            labels = batch.column("label").to_numpy(zero_copy_only=False).astype(np.int64)
-            yield feats.reshape(batch.num_rows, feature_size), labels
+    from pipelines.data.reader import open_shards
+
+    rows, labels = open_shards(shards, feature_size)
+    for start in range(0, len(labels), batch_size):
+        stop = min(start + batch_size, len(labels))
+        yield rows[start:stop], labels[start:stop].astype(np.int64)
 
 
 def load_serve(saved_model: str | os.PathLike):

@@ -33,46 +33,21 @@ def lr_schedule(lr_min: float, lr_max: float, steps: int) -> list[float]:
 def load_training_rows(preload: dict[str, Any], max_rows: int, seed: int = 0) -> tuple[Any, Any]:
     """Up to ``max_rows`` training rows from the preloaded Arrow IPC shards, normalised.
 
-    Returns ``(x, y)``: float32 ``[n, *feature_shape]`` standardised with the preload's
-    ``feature_mean``/``feature_std``, and int32 labels.  Rows are read shard by shard (memory-mapped)
-    and then shuffled with ``seed``.
+    Returns ``(x, y)``: the first ``max_rows`` rows, shuffled with ``seed``: float32
+    ``[n, *feature_shape]`` standardised with the preload's ``feature_mean``/``feature_std``, and
+    int32 labels.  Only those rows are gathered from the memory-mapped shards
+    (:func:`pipelines.data.reader.open_split`, which names a missing or wrong shard).
     """
     import numpy as np
-    import pyarrow as pa
+
+    from pipelines.data.reader import open_split
 
     shape = tuple(int(d) for d in preload["feature_shape"])
-    size = math.prod(shape)
-    xs, ys, have = [], [], 0
-    for path in preload["train_shards"]:
-        try:
-            with pa.memory_map(str(path), "r") as source:
-                reader = pa.ipc.open_file(source)
-                for i in range(reader.num_record_batches):
-                    batch = reader.get_batch(i)
-                    feats = batch.column("features")
-                    flat = feats.flatten().to_numpy(zero_copy_only=False).astype(np.float32)
-                    if flat.size != len(batch) * size:
-                        per_row = flat.size // max(1, len(batch))
-                        raise DataError(
-                            f"{path}: column 'features' holds {per_row} values per row, expected {size}"
-                        )
-                    xs.append(flat.reshape(len(batch), *shape))
-                    ys.append(batch.column("label").to_numpy(zero_copy_only=False).astype(np.int32))
-                    have += len(batch)
-                    if have >= max_rows:
-                        break
-        except (OSError, pa.ArrowInvalid, KeyError) as e:
-            raise DataError(f"{path}: cannot read training shard: {e}") from None
-        if have >= max_rows:
-            break
-    if have == 0:
-        raise DataError(f"no training rows in {preload['train_shards']}")
-    x = np.concatenate(xs)[:max_rows]
-    y = np.concatenate(ys)[:max_rows]
+    rows, labels = open_split(preload, "train")
+    order = np.random.default_rng(seed).permutation(min(max_rows, len(labels)))
     std = float(preload.get("feature_std") or 1.0)
-    x = (x - float(preload.get("feature_mean", 0.0))) / (std if std > 0 else 1.0)
-    order = np.random.default_rng(seed).permutation(len(y))
-    return x[order].astype(np.float32), y[order]
+    x = (rows[order] - float(preload.get("feature_mean", 0.0))) / (std if std > 0 else 1.0)
+    return x.reshape(len(order), *shape).astype(np.float32), labels[order]
 
 
 def make_optimizer(optimizer: str, learning_rate: float) -> Any:

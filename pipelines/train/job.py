@@ -1,6 +1,6 @@
-"""What one rank trains, read once before the model is built: the spec, the training rows, the
-plan's split of the global batch and the learning rate (docs/ARCHITECTURE.md, "Heterogeneous
-synchronous training").
+"""What one rank trains, read once before the model is built: the spec, the training rows (left in
+their memory-mapped shards), the plan's split of the global batch and the learning rate
+(docs/ARCHITECTURE.md, "Heterogeneous synchronous training").
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ class TrainJob:
     run_dir: RunDir
     out: Path  # the train stage's output folder
     epochs: int
-    x: Any  # features [rows, feature_size], float32 (memory-mapped)
+    x: Any  # features [rows, feature_size] float32: pipelines.data.reader.ShardedRows, memory-mapped
     y: Any  # labels [rows], int32
     shape: tuple[int, ...]  # one example's feature shape
     mean: float  # feature normalisation, from the preload stage
@@ -51,7 +51,7 @@ class TrainJob:
 
 def load_job(args: argparse.Namespace, size: int) -> TrainJob:
     """The job of a rank started with ``args`` in a job of ``size`` ranks."""
-    from pipelines.data.reader import load_split
+    from pipelines.data.reader import open_split
     from pipelines.spec import load_spec
 
     spec = load_spec(args.spec)
@@ -59,7 +59,7 @@ def load_job(args: argparse.Namespace, size: int) -> TrainJob:
     out = Path(args.out) if args.out else run_dir.root / "train"
     out.mkdir(parents=True, exist_ok=True)
     preload = run_dir.read_result("preload")
-    x, y = load_split(preload, "train")
+    x, y = open_split(preload, "train")  # left mapped: ranks share the page cache
     t = spec.training
     placement = place(read_plan(args.plan, run_dir), size, args.global_batch, t.global_batch)
     return TrainJob(

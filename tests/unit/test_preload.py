@@ -108,6 +108,21 @@ def test_shards_statistics_and_split(tmp_path):
     assert json.loads((tmp_path / "out" / "manifest.json").read_text())["content_hash"] == r["content_hash"]
 
 
+def test_the_ranks_reader_gives_the_rows_as_written(tmp_path):
+    """pipelines.data.reader, which the trainer, lr_search and analyze read shards with, keeps them
+    mapped and gathers exactly the rows the preload stage wrote, across shards."""
+    from pipelines.data.reader import open_split
+
+    r = do(tmp_path, days(tmp_path / "data", n_days=2, rows=500), shard_rows=300, batch_rows=64)
+    assert len(r["train_shards"]) > 1
+    for split in ("train", "holdout"):
+        x, y = read_shards(r[f"{split}_shards"])
+        rows, labels = open_split(r, split)
+        idx = np.random.default_rng(0).permutation(len(y))
+        assert np.array_equal(rows[idx].view(np.uint32), x[idx].view(np.uint32))
+        assert np.array_equal(labels, y) and labels.dtype == np.int32
+
+
 def test_output_is_identical_whatever_the_batching(tmp_path):
     data = days(tmp_path / "data", n_days=2, rows=300)
     a = preload(spec(data), tmp_path / "a", seed=1, cache_root=tmp_path / "ca", batch_rows=7, workers=3)

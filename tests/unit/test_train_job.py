@@ -76,3 +76,37 @@ def test_auto_learning_rate_comes_from_lr_search(tmp_path):
     (tmp_path / "lr_search").mkdir()
     (tmp_path / "lr_search" / "result.json").write_text(json.dumps({"learning_rate": 0.05, "global_batch": 64}))
     assert base_learning_rate(training("auto"), run, 128) == pytest.approx(0.1)
+
+
+def test_load_job_leaves_the_training_rows_in_their_mapped_shards(tmp_path):
+    """The rank's rows are gathered from the shards (no copy of the split) and are its rows."""
+    import argparse
+
+    import numpy as np
+    import pyarrow as pa
+
+    from pipelines.data.reader import ShardedRows
+    from pipelines.train.job import load_job
+
+    rng = np.random.default_rng(0)
+    x, y = rng.normal(size=(50, 4)).astype(np.float32), rng.integers(0, 3, 50).astype(np.int32)
+    (tmp_path / "preload").mkdir()
+    shards = []
+    for i, sl in enumerate((slice(0, 30), slice(30, 50))):
+        feats = pa.FixedSizeListArray.from_arrays(pa.array(x[sl].ravel()), 4)
+        table = pa.table({"features": feats, "label": pa.array(y[sl])})
+        shards.append(str(tmp_path / "preload" / f"train-{i}.arrow"))
+        with pa.ipc.new_file(shards[-1], table.schema) as w:
+            w.write_table(table, max_chunksize=8)
+    result = {"train_shards": shards, "feature_shape": [2, 2], "feature_mean": 0.5, "feature_std": 2.0}
+    (tmp_path / "preload" / "result.json").write_text(json.dumps(result))
+    spec = {"model": {"name": "tiny_mlp"}, "dataset": {"uri": str(tmp_path), "feature_shape": [2, 2], "num_classes": 3},
+            "training": {"epochs": 2, "learning_rate": 0.1, "global_batch": 10}, "artifact_root": str(tmp_path)}
+    (tmp_path / "spec.json").write_text(json.dumps(spec))
+    args = argparse.Namespace(spec=str(tmp_path / "spec.json"), run_dir=str(tmp_path), out=None, plan=None,
+                              global_batch=None, epochs=None)
+    job = load_job(args, size=2)
+    assert isinstance(job.x, ShardedRows) and len(job.x) == len(job.y) == 50
+    idx = np.sort(rng.permutation(50)[:17])
+    assert np.array_equal(job.x[idx], x[idx]) and np.array_equal(job.y, y)
+    assert (job.shape, job.mean, job.std, job.placement.batches) == ((2, 2), 0.5, 2.0, [5, 5])
