@@ -11,7 +11,7 @@ import dataclasses
 import datetime as dt
 import importlib
 import json
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from pipelines.spec import SpecError
@@ -78,6 +78,24 @@ def rank_command(run_dir: str, python: str = "python") -> list[str]:
     the trainer reads the spec the stage saved in the run directory (docs/ARCHITECTURE.md, "Launchers")."""
     run_dir = str(run_dir).rstrip("/") or "/"
     return [python, "-m", "pipelines.train.trainer", "--spec", f"{run_dir}/spec.json", "--run-dir", run_dir]
+
+
+# What a calibration times: these batches, each for at least this long (several CFS periods).
+CALIBRATION_BATCHES = (8, 32, 64, 128)
+CALIBRATION_SECONDS = 0.8
+
+
+def calibration_command(
+    spec_path: str, device: str, out: str, threads: int, batch_sizes: Sequence[int] = CALIBRATION_BATCHES,
+    min_seconds: float = CALIBRATION_SECONDS, python: str = "python",
+) -> list[str]:
+    """The command that times the job's model on one device type, the same in a local calibration
+    process and in a calibration pod (``python -m pipelines.estimate.profile``)."""
+    return [
+        python, "-m", "pipelines.estimate.profile",
+        "--spec", str(spec_path), "--device", device, "--out", str(out), "--threads", str(threads),
+        "--batches", ",".join(str(b) for b in batch_sizes), "--min-seconds", str(min_seconds),
+    ]  # fmt: skip
 
 
 def last_json_object(lines: Iterable[str]) -> dict[str, Any] | None:

@@ -26,11 +26,12 @@ from typing import Any
 from pipelines.errors import StageError
 from pipelines.launch.rendezvous import ENV_THREADS
 from pipelines.rundir import write_json
+from pipelines.stages import CALIBRATION_BATCHES, CALIBRATION_SECONDS
 
 log = logging.getLogger(__name__)
 
-DEFAULT_BATCHES = (8, 32, 64, 128)
-DEFAULT_SECONDS = 0.8  # timed seconds per batch size (8 CFS periods)
+DEFAULT_BATCHES = CALIBRATION_BATCHES  # the batch sizes timed
+DEFAULT_SECONDS = CALIBRATION_SECONDS  # timed seconds per batch size (8 CFS periods)
 MEMORY_HEADROOM = 0.8  # share of a device's memory a rank may plan to use
 ACTIVATION_FACTOR = 3  # forward activations + their gradients + framework workspace
 
@@ -155,7 +156,17 @@ def calibrate(
         seed=spec.training.seed,
     )
     fit = fit_step_time(list(times), list(times.values()))
-    return {"device": device, "batches": list(times), "step_s": list(times.values()), **fit}
+    return {"device": device, "batches": list(times), "step_s": list(times.values()), **fit,
+            "model": spec.model.name, "model_key": model_key(spec)}
+
+
+def model_key(spec: Any) -> str:
+    """What a step-time profile depends on besides the device: the model (and its arguments), its
+    input and output sizes and the optimizer.  A profile measured for another key is not reused."""
+    from pipelines.rundir import input_key
+
+    return input_key("profile/1", spec.model.model_dump(), spec.dataset.feature_shape,
+                     spec.dataset.num_classes, spec.training.optimizer)
 
 
 def _set_threads(threads: int | None) -> None:
@@ -171,12 +182,10 @@ def _set_threads(threads: int | None) -> None:
 def calibration_command(
     spec_file: Path, device: str, out: Path, threads: int, batch_sizes: Sequence[int], min_seconds: float
 ) -> list[str]:
-    """The command of one device type's calibration child (this module's CLI)."""
-    return [
-        sys.executable, "-m", "pipelines.estimate.profile",
-        "--spec", str(spec_file), "--device", device, "--out", str(out), "--threads", str(threads),
-        "--batches", ",".join(str(b) for b in batch_sizes), "--min-seconds", str(min_seconds),
-    ]  # fmt: skip
+    """The command of one device type's calibration child: the one a calibration pod runs too."""
+    from pipelines.stages import calibration_command as command
+
+    return command(str(spec_file), device, str(out), threads, batch_sizes, min_seconds, python=sys.executable)
 
 
 def run_calibration(

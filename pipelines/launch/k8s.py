@@ -49,7 +49,7 @@ from pipelines.launch.rendezvous import (
 from pipelines.plan import check_plan
 from pipelines.rundir import safe_component
 from pipelines.spec import DeviceType, JobSpec, PoolSpec, SpecError
-from pipelines.stages import StageContext, rank_command, stage_command
+from pipelines.stages import StageContext, calibration_command, rank_command, stage_command
 
 __all__ = [
     "Identity",
@@ -526,3 +526,44 @@ def _stage_device(stage: str, pool: PoolSpec | None, device: str | None) -> Devi
     if pool is None:
         raise SpecError(f"stage pod {stage!r}: device {device!r} given without a pool")
     return pool.get(device)
+
+
+# -------------------------------------------------------------------------- calibration pods
+
+CALIBRATION_CONTAINER = "calibrate"
+
+
+def calibration_identity(identity: Identity) -> Identity:
+    """The calibration pods' own job (its own ``hetero_job`` label): never confused with the
+    estimate stage's pod of the same task."""
+    return dataclasses.replace(identity, task_id=f"{identity.task_id}-calibration")
+
+
+def calibration_pod_manifests(
+    spec: JobSpec, pool: PoolSpec, identity: Identity, run_dir: str | None = None
+) -> list[dict[str, Any]]:
+    """One pod per device type of ``pool`` that times the job's model on that type (the estimate
+    stage's calibration, run where the devices are): the type's resources, node selector,
+    tolerations and affinity, and the local calibration command, writing
+    ``<run dir>/estimate/calibration/profile-<device>.json`` into the shared run directory.
+
+    ``identity`` is the estimate task's; the pods carry :func:`calibration_identity` and a ``rank``
+    label each, so the gang rules of the Horovod job (all succeed, or all are deleted) apply.
+    """
+    run_dir = run_dir or pod_run_dir(spec, identity)
+    ident = calibration_identity(identity)
+    volumes, mounts = _volumes(spec, shm=False)
+    pods = []
+    for index, device in enumerate(pool.device_types):
+        threads = cpu_threads(device.kubernetes.resources)
+        out = f"{run_dir}/estimate/calibration/profile-{device.name}.json"
+        command = calibration_command(f"{run_dir}/spec.json", device.name, out, threads)
+        env = {**_base_env(threads), ENV_DEVICE: device.name}
+        labels = {**ident.labels("calibration"), "rank": str(index), "device_type": device.name}
+        annotations = ident.annotations()
+        _kueue(spec, labels, annotations, None, 1)
+        container = _container(spec, CALIBRATION_CONTAINER, command, env, device.kubernetes.resources, mounts)
+        name = f"cal-{ident.job_key[:8]}-{device.name}-t{ident.try_number}"
+        pods.append(_pod(spec, name=name, labels=labels, annotations=annotations, container=container,
+                         device=device, volumes=volumes))
+    return pods

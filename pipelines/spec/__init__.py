@@ -42,6 +42,7 @@ __all__ = [
     "KubernetesDevice",
     "load_spec",
     "load_pool",
+    "pool_profiles_path",
     "read_mapping",
     "job_schema",
     "format_validation_error",
@@ -582,6 +583,13 @@ def load_pool(source: str | os.PathLike | dict) -> PoolSpec:
         return PoolSpec.model_validate(doc)
     except ValidationError as e:
         raise SpecError(format_validation_error(e, where)) from None
+
+
+def pool_profiles_path(pool_path: str | os.PathLike) -> Path:
+    """Where measured step-time profiles that override calibration live: ``<pool stem>.profiles.json``
+    beside the pool file."""
+    pool_path = Path(pool_path)
+    return pool_path.with_name(f"{pool_path.stem}.profiles.json")
 
 
 def job_schema() -> dict:

@@ -160,6 +160,12 @@ def read_pod_log(client: CoreV1Like, name: str, namespace: str, **kwargs: Any) -
     return response.data.decode("utf-8", errors="replace")
 
 
+def _main_container(pod: k8s_models.V1Pod) -> str:
+    """The gang's container of a pod (the trainer of a rank pod, the calibration of a calibration
+    pod): the first one; a pod template may add sidecars after it."""
+    return pod.spec.containers[0].name
+
+
 def _rank(pod: k8s_models.V1Pod) -> int:
     return int(pod.metadata.labels["rank"])
 
@@ -206,13 +212,16 @@ def identity_from_context(context: Context) -> k8s.Identity:
 
 
 class HorovodGang:
-    """One try of a Horovod job on Kubernetes: create or re-attach, watch, clean up."""
+    """One try of a Horovod job on Kubernetes: create or re-attach, watch, clean up.
+
+    The same gang rules serve any set of pods that must all succeed together (the calibration
+    pods of the estimate stage have no Service: ``service=None``)."""
 
     def __init__(
         self,
         client: CoreV1Like,
         identity: k8s.Identity,
-        service: dict[str, Any],
+        service: dict[str, Any] | None,
         pods: Sequence[k8s_models.V1Pod],
         *,
         namespace: str,
@@ -284,7 +293,8 @@ class HorovodGang:
                 "Re-attaching to %d existing pod(s) of try %s: %s", len(mine), current, self.reattached
             )
         try:
-            self.client.create_namespaced_service(self.namespace, self.service)
+            if self.service is not None:
+                self.client.create_namespaced_service(self.namespace, self.service)
         except _api_exception() as e:
             if _status_code(e) != 409:
                 raise
@@ -407,7 +417,7 @@ class HorovodGang:
     def _check_failed(self, pods: dict[int, k8s_models.V1Pod]) -> None:
         failed = []
         for rank, pod in pods.items():
-            term = _terminated(pod, k8s.RANK_CONTAINER)
+            term = _terminated(pod, _main_container(pod))
             if _phase(pod) == "Failed" or (term is not None and term.exit_code not in (0, None)):
                 finished = getattr(term, "finished_at", None)
                 failed.append((finished is None, str(finished or ""), rank, pod, term))
@@ -429,7 +439,7 @@ class HorovodGang:
     def _log_tail(self, pod: k8s_models.V1Pod, term: Any) -> list[str]:
         try:
             text = read_pod_log(
-                self.client, pod.metadata.name, self.namespace, container=k8s.RANK_CONTAINER, tail_lines=self.log_tail_lines
+                self.client, pod.metadata.name, self.namespace, container=_main_container(pod), tail_lines=self.log_tail_lines
             )
             lines = text.splitlines()
         except Exception:
@@ -465,10 +475,10 @@ class HorovodGang:
         """Copy rank 0's new log lines into the task log (timestamps mark what was already copied)."""
         from airflow.providers.cncf.kubernetes.utils.pod_manager import parse_log_line
 
-        cs = _container_status(pod, k8s.RANK_CONTAINER)
+        cs = _container_status(pod, _main_container(pod))
         if cs is None or cs.state is None or (cs.state.running is None and cs.state.terminated is None):
             return
-        kwargs: dict[str, Any] = {"container": k8s.RANK_CONTAINER, "timestamps": True}
+        kwargs: dict[str, Any] = {"container": _main_container(pod), "timestamps": True}
         if self._log_last_ts is not None:
             import pendulum
 
@@ -495,7 +505,7 @@ class HorovodGang:
     def _summary(self, pods: dict[int, k8s_models.V1Pod]) -> dict[str, Any]:
         return {
             "namespace": self.namespace,
-            "service": self.service["metadata"]["name"],
+            "service": self.service["metadata"]["name"] if self.service else None,
             "pods": [pods[r].metadata.name for r in sorted(pods)],
             "ranks": len(pods),
             "try_number": self.identity.try_number,

@@ -40,8 +40,24 @@ class PipelineStageOperator(BaseOperator):
         else:
             from hetero.kubernetes_stage import StagePodOperator
 
+            if self.stage == "estimate":
+                self.calibrate_on_kubernetes(spec, context)
             self._delegate = StagePodOperator(task_id=self.task_id, stage=self.stage, spec_json=spec.to_json())
         return self._delegate.execute(context)
+
+    def calibrate_on_kubernetes(self, spec, context) -> None:
+        """One calibration pod per device type, in parallel, before the estimate stage's pod; skipped
+        when measured profiles override calibration (``<pool stem>.profiles.json`` beside the pool)."""
+        from pipelines.spec import pool_profiles_path
+
+        override = pool_profiles_path(spec.pool)
+        if override.is_file():
+            self.log.info("Step-time profiles from %s; no calibration pods", override)
+            return
+        from hetero.kubernetes_calibration import CalibrationPodsOperator
+
+        self._delegate = CalibrationPodsOperator(task_id=self.task_id, spec_json=spec.to_json())
+        self._delegate.execute(context)
 
     def on_kill(self) -> None:
         if self._delegate is not None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 
 import pytest
 
@@ -337,12 +338,57 @@ def _stage_setup(tmp_path, **spec_extra):
     return spec, run_dir, pool_file
 
 
-def test_stage_kubernetes_needs_a_profiles_file(tmp_path):
+def test_stage_kubernetes_without_calibration_pods_or_profiles_says_how_to_get_them(tmp_path):
     from pipelines.estimate.stage import run
     from pipelines.stages import StageContext
 
     spec, run_dir, _ = _stage_setup(tmp_path)
-    with pytest.raises(StageError, match=r"pool\.profiles\.json"):
+    with pytest.raises(StageError, match=r"one calibration pod per device type.*pool\.profiles\.json"):
+        run(spec, run_dir, StageContext())
+
+
+def _pod_profile(spec, device, fixed_s, per_sample_s, **extra):
+    from pipelines.estimate.profile import model_key
+
+    return {"device": device, "fixed_s": fixed_s, "per_sample_s": per_sample_s, "model": spec.model.name,
+            "model_key": model_key(spec), **extra}
+
+
+def test_stage_kubernetes_plans_from_the_calibration_pods_profiles(tmp_path):
+    from pipelines.estimate.stage import run
+    from pipelines.rundir import write_json
+    from pipelines.stages import StageContext
+
+    spec, run_dir, _ = _stage_setup(tmp_path, model={"name": "tiny_mlp"})
+    folder = run_dir.root / "estimate" / "calibration"
+    write_json(folder / "profile-fast.json", _pod_profile(spec, "fast", 0.002, 0.0001))
+    with pytest.raises(StageError, match=r"no calibration profile of device type\(s\) \['slow'\]"):
+        run(spec, run_dir, StageContext())
+    write_json(folder / "profile-slow.json", _pod_profile(spec, "slow", 0.005, 0.0003))
+    result = run(spec, run_dir, StageContext())
+    assert {k: (v["fixed_s"], v["per_sample_s"], v["source"]) for k, v in result["profiles"].items()} == {
+        "fast": (0.002, 0.0001, "calibration pod"), "slow": (0.005, 0.0003, "calibration pod")}
+    assert [r["device"] for r in result["plan"]["ranks"]][0] == "fast"  # the faster type is rank 0
+    # A profile of another model (another task of the same run directory, say) is never used.
+    write_json(folder / "profile-slow.json", {**_pod_profile(spec, "slow", 0.005, 0.0003), "model_key": "other"})
+    with pytest.raises(StageError, match=r"\['slow'\]"):
+        run(spec, run_dir, StageContext(fresh=True))
+
+
+@pytest.mark.parametrize("recorded, message", [
+    (None, "does not say which model it was measured for, but this job trains 'tiny_mlp'"),
+    ("small_cnn", "was measured for model 'small_cnn', but this job trains 'tiny_mlp'"),
+])
+def test_a_profiles_override_is_checked_against_the_model_it_was_measured_for(tmp_path, recorded, message):
+    from pipelines.estimate.stage import run
+    from pipelines.stages import StageContext
+
+    spec, run_dir, _ = _stage_setup(tmp_path, model={"name": "tiny_mlp"})
+    doc = {k: {"fixed_s": v["fixed_s"], "per_sample_s": v["per_sample_s"]} for k, v in LOCAL_PROFILES.items()}
+    if recorded:
+        doc["model"] = recorded
+    (tmp_path / "pool.profiles.json").write_text(json.dumps(doc))
+    with pytest.raises(StageError, match=re.escape(message)):
         run(spec, run_dir, StageContext())
 
 
@@ -355,8 +401,8 @@ def test_stage_with_profiles_file_writes_plan_and_is_idempotent(tmp_path):
     (tmp_path / "pool.profiles.json").write_text(
         json.dumps(
             {
-                k: {"fixed_s": v["fixed_s"], "per_sample_s": v["per_sample_s"]}
-                for k, v in LOCAL_PROFILES.items()
+                "model": "small_cnn",  # measured for this job's model
+                **{k: {"fixed_s": v["fixed_s"], "per_sample_s": v["per_sample_s"]} for k, v in LOCAL_PROFILES.items()},
             }
         )
     )
@@ -379,6 +425,6 @@ def test_stage_with_profiles_file_writes_plan_and_is_idempotent(tmp_path):
 
     write_json(run_dir.result_path("estimate"), result)
     assert run(spec, run_dir, StageContext())["input_key"] == result["input_key"]
-    (tmp_path / "pool.profiles.json").write_text(json.dumps({"fast": {"fixed_s": 0.1, "per_sample_s": -1}}))
+    (tmp_path / "pool.profiles.json").write_text(json.dumps({"model": "small_cnn", "fast": {"fixed_s": 0.1, "per_sample_s": -1}}))
     with pytest.raises(StageError, match=r"fast\.per_sample_s must be a number >= 0, got -1"):  # new input
         run(spec, run_dir, StageContext())
