@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 SAFE = re.compile(r"[^A-Za-z0-9._=+-]")
+POOL_FILE = "pool.json"  # the run's copy of its pool, beside spec.json
 
 
 def safe_component(value: str) -> str:
@@ -57,17 +58,33 @@ class RunDir:
 
     def completed(self, stage: str, input_key: str) -> dict[str, Any] | None:
         """The stored result if the stage already finished for the same inputs, else None."""
-        path = self.result_path(stage)
-        if not path.is_file():
-            return None
-        try:
-            result = json.loads(path.read_text())
-        except json.JSONDecodeError:
-            return None
-        return result if result.get("input_key") == input_key else None
+        return read_completed(self.result_path(stage), input_key)
+
+    @property
+    def pool_path(self) -> Path:
+        """The run's copy of the pool file (``pool.json``), written with ``spec.json``."""
+        return self.root / POOL_FILE
 
     def __str__(self) -> str:
         return str(self.root)
+
+
+def read_completed(path: str | os.PathLike, input_key: str) -> dict[str, Any] | None:
+    """The result stored at ``path`` if its ``input_key`` is ``input_key``, else None."""
+    path = Path(path)
+    if not path.is_file():
+        return None
+    try:
+        result = json.loads(path.read_text())
+    except json.JSONDecodeError:
+        return None
+    return result if isinstance(result, dict) and result.get("input_key") == input_key else None
+
+
+def profiles_beside(pool_path: str | os.PathLike) -> Path:
+    """Pre-measured device profiles for a pool file: ``<pool stem>.profiles.json`` beside it."""
+    pool_path = Path(pool_path)
+    return pool_path.with_name(f"{pool_path.stem}.profiles.json")
 
 
 def input_key(*parts: Any) -> str:

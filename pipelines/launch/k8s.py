@@ -411,14 +411,17 @@ def rank_pod_manifests(
     plan: dict[str, Any],
     identity: Identity,
     run_dir: str | None = None,
+    *,
+    fresh: bool = False,
 ) -> list[dict[str, Any]]:
-    """One pod per rank of ``plan`` (format: docs/ARCHITECTURE.md, "Stages and their contracts"), rank 0 first."""
+    """One pod per rank of ``plan`` (format: docs/ARCHITECTURE.md, "Stages and their contracts"),
+    rank 0 first; ``fresh``: train even when a result for the same inputs exists."""
     ranks = _check_plan(plan, pool)
     run_dir = run_dir or pod_run_dir(spec, identity)
     addr = rendezvous_address(spec, identity)
     group = rendezvous_service_name(identity)
     volumes, mounts = _volumes(spec, shm=True)
-    command = rank_command(run_dir)
+    command = rank_command(run_dir, fresh=fresh)
     pods = []
     for r, slot in zip(ranks, pod_slots(len(ranks)), strict=True):
         device = pool.get(r["device"])
@@ -463,12 +466,18 @@ def rank_env(slot: Slot, device: DeviceType, batch: int, rendezvous_addr: str) -
 
 
 def job_manifests(
-    spec: JobSpec, pool: PoolSpec, plan: dict[str, Any], identity: Identity, run_dir: str | None = None
+    spec: JobSpec,
+    pool: PoolSpec,
+    plan: dict[str, Any],
+    identity: Identity,
+    run_dir: str | None = None,
+    *,
+    fresh: bool = False,
 ) -> dict[str, Any]:
     """``{"service": <Service>, "pods": [<rank pods>]}`` for one try of a Horovod job."""
     return {
         "service": rendezvous_service_manifest(spec, identity),
-        "pods": rank_pod_manifests(spec, pool, plan, identity, run_dir),
+        "pods": rank_pod_manifests(spec, pool, plan, identity, run_dir, fresh=fresh),
     }
 
 
@@ -486,17 +495,21 @@ def stage_pod_manifest(
     pool: PoolSpec | None = None,
     device: str | None = None,
     resources: dict[str, str] | None = None,
+    inputs: dict[str, dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
     """One pod running one stage with the trainer image.
 
-    The spec goes inline as JSON unless ``spec_arg`` names a file the pod can read.  ``device``
-    (a device type of ``pool``) takes that type's resources and placement; otherwise ``resources``
-    (default 2 CPUs, 4Gi).  The stage prints its JSON result as its last log line.
+    The spec goes inline as JSON unless ``spec_arg`` names a file the pod can read; so do
+    ``inputs`` (the pool and its profiles, :func:`pipelines.stages.run_inputs`), which the stage
+    copies into the run directory.  ``device`` (a device type of ``pool``) takes that type's
+    resources and placement; otherwise ``resources`` (default 2 CPUs, 4Gi).  The stage prints
+    its JSON result as its last log line.
     """
     if stage not in POD_STAGES:
         raise SpecError(f"stage {stage!r} does not run as a single pod; choose from {list(POD_STAGES)}")
     ctx = ctx or StageContext(dag_id=identity.dag_id, run_id=identity.run_id, try_number=identity.try_number)
-    command = stage_command(stage, spec_arg or spec.to_json(), run_dir or pod_run_dir(spec, identity), ctx)
+    run_dir = run_dir or pod_run_dir(spec, identity)
+    command = stage_command(stage, spec_arg or spec.to_json(), run_dir, ctx, inputs=inputs)
     dev = _stage_device(stage, pool, device)
     res = dict(dev.kubernetes.resources if dev else (resources or DEFAULT_STAGE_RESOURCES))
     volumes, mounts = _volumes(spec, shm=False)
