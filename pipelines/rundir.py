@@ -3,7 +3,10 @@
 Each stage writes into its own subfolder.  Files are written to a temporary name in the same
 folder and renamed into place, so a killed stage never leaves a half file that looks whole.  A
 stage's ``result.json`` is written last; its presence (with the same input key) means the stage
-is complete and a retry may return it instead of working again.
+is complete and a retry may return it instead of working again.  The run carries its inputs: the
+stage command saves the job spec as ``spec.json`` and the pool as ``pool.json`` (with
+``pool.profiles.json`` when the pool has pre-measured profiles), and the saved spec names that
+copy, so every stage and rank reads them from the run directory.
 """
 
 from __future__ import annotations
