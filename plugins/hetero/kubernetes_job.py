@@ -254,12 +254,12 @@ class HorovodGang:
         (rank 0's, plus ``launcher_seconds``); raises :class:`GangError` on failure."""
         try:
             self.attach_or_create()
-            summary = self.wait()
+            result = self.wait()
         except BaseException as exc:
             self.cleanup(keep_failed=self.keep_failed_pods and isinstance(exc, RankPodFailed))
             raise
         self.cleanup()
-        return summary
+        return result
 
     def kill(self) -> None:
         """Stop watching and delete everything (called from ``on_kill``)."""
