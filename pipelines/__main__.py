@@ -15,7 +15,7 @@ import time
 
 from pipelines.errors import StageError
 from pipelines.rundir import RunDir, write_json
-from pipelines.spec import SpecError, load_spec
+from pipelines.spec import JobSpec, SpecError, load_pool, load_spec, pool_profiles_path, read_mapping
 from pipelines.stages import ALIASES, STAGES, StageContext, canonical, resolve
 
 log = logging.getLogger("pipelines")
@@ -39,6 +39,10 @@ def _stage_parser(sub: argparse._SubParsersAction, name: str) -> None:
     p.add_argument("--data-interval-start", type=_datetime, help="start of the run's data interval")
     p.add_argument("--data-interval-end", type=_datetime, help="end of the run's data interval")
     p.add_argument("--fresh", action="store_true", help="recompute even if a result for the same inputs exists")
+    p.add_argument("--pool", help="pool: YAML/JSON file or inline JSON (default: the spec's pool file); "
+                   "copied into the run directory as pool.json, which the saved spec then names")
+    p.add_argument("--profiles", help="pre-measured device profiles: JSON file or inline JSON (default: "
+                   "<pool stem>.profiles.json beside a pool file, if there); copied beside the run's pool.json")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -63,6 +67,29 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def save_inputs(spec: JobSpec, run_dir: RunDir, pool: str | None = None, profiles: str | None = None) -> JobSpec:
+    """Copy the run's inputs into the run directory and return the spec that names the copies.
+
+    The pool (``pool``, else the spec's) becomes ``<run dir>/pool.json`` and its profiles override
+    (``profiles``, else ``<pool stem>.profiles.json`` beside a pool file) ``pool.profiles.json``
+    beside it, or none.  Every later reader (the stages, the ranks) then reads them from the run
+    directory, which pods share, and never a path that only the Airflow side has.
+    """
+    source = pool or spec.pool
+    load_pool(source)  # a bad pool fails here, before any work, naming the file and its fields
+    doc, where = read_mapping(source, "pool")
+    side_doc = read_mapping(profiles, "profiles")[0] if profiles else None
+    if side_doc is None and where == str(source).strip() and pool_profiles_path(where).is_file():
+        side_doc = read_mapping(pool_profiles_path(where), "profiles")[0]
+    write_json(run_dir.pool_path, doc)
+    side = pool_profiles_path(run_dir.pool_path)
+    if side_doc is not None:
+        write_json(side, side_doc)
+    elif side.exists():
+        side.unlink()  # an older override of another pool
+    return spec.model_copy(update={"pool": str(run_dir.pool_path)})
+
+
 def run_stage(args: argparse.Namespace) -> dict:
     spec = load_spec(args.spec)
     ctx = StageContext(
@@ -75,6 +102,7 @@ def run_stage(args: argparse.Namespace) -> dict:
     )
     run_dir = RunDir(args.run_dir) if args.run_dir else RunDir.for_run(spec.artifact_root, ctx.dag_id, ctx.run_id)
     run_dir.root.mkdir(parents=True, exist_ok=True)
+    spec = save_inputs(spec, run_dir, args.pool, args.profiles)
     write_json(run_dir.root / "spec.json", json.loads(spec.to_json()))
     stage = canonical(args.command)
     func = resolve(stage)

@@ -3,7 +3,10 @@
 Each stage writes into its own subfolder.  Files are written to a temporary name in the same
 folder and renamed into place, so a killed stage never leaves a half file that looks whole.  A
 stage's ``result.json`` is written last; its presence (with the same input key) means the stage
-is complete and a retry may return it instead of working again.
+is complete and a retry may return it instead of working again.  The run carries its inputs: the
+stage command saves the job spec as ``spec.json`` and the pool as ``pool.json`` (with
+``pool.profiles.json`` when the pool has pre-measured profiles), and the saved spec names that
+copy, so every stage and rank reads them from the run directory.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 SAFE = re.compile(r"[^A-Za-z0-9._=+-]")
+POOL_FILE = "pool.json"  # the run's copy of its pool, beside spec.json
 
 
 def safe_component(value: str) -> str:
@@ -57,17 +61,27 @@ class RunDir:
 
     def completed(self, stage: str, input_key: str) -> dict[str, Any] | None:
         """The stored result if the stage already finished for the same inputs, else None."""
-        path = self.result_path(stage)
-        if not path.is_file():
-            return None
-        try:
-            result = json.loads(path.read_text())
-        except json.JSONDecodeError:
-            return None
-        return result if result.get("input_key") == input_key else None
+        return read_completed(self.result_path(stage), input_key)
+
+    @property
+    def pool_path(self) -> Path:
+        """The run's copy of the pool file (``pool.json``), written with ``spec.json``."""
+        return self.root / POOL_FILE
 
     def __str__(self) -> str:
         return str(self.root)
+
+
+def read_completed(path: str | os.PathLike, input_key: str) -> dict[str, Any] | None:
+    """The result stored at ``path`` if its ``input_key`` is ``input_key``, else None."""
+    path = Path(path)
+    if not path.is_file():
+        return None
+    try:
+        result = json.loads(path.read_text())
+    except json.JSONDecodeError:
+        return None
+    return result if isinstance(result, dict) and result.get("input_key") == input_key else None
 
 
 def input_key(*parts: Any) -> str:

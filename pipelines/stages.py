@@ -11,10 +11,12 @@ import dataclasses
 import datetime as dt
 import importlib
 import json
+import os
 from collections.abc import Callable, Iterable, Sequence
+from pathlib import Path
 from typing import Any
 
-from pipelines.spec import SpecError
+from pipelines.spec import SpecError, pool_profiles_path, read_mapping
 
 # One name per stage: the Airflow task id, the package ``pipelines/<name>/``, the CLI command and
 # the run-directory folder it writes.  Each package's ``stage.py`` holds the stage's ``run()``;
@@ -61,23 +63,50 @@ def resolve(stage: str) -> Callable[..., dict[str, Any]]:
     return importlib.import_module(f"pipelines.{canonical(stage)}.stage").run
 
 
+def run_inputs(pool: str | os.PathLike | dict, base: str | os.PathLike | None = None) -> dict[str, dict[str, Any]]:
+    """The documents a run carries besides its spec, read where the pool file is (the Airflow
+    side): ``{"pool": <pool>, "profiles": <pre-measured profiles>}``, the profiles only when
+    ``<pool stem>.profiles.json`` lies beside the pool file.  A relative pool path is taken
+    under ``base`` when given.  :func:`stage_command` passes them inline, so a stage reads no
+    path of the Airflow side; the stage command copies them into the run directory."""
+    if isinstance(pool, dict):
+        return {"pool": pool}
+    text = str(pool).strip()
+    if not text.startswith("{") and base is not None and not Path(text).is_absolute():
+        text = str(Path(base) / text)
+    doc, where = read_mapping(text, "pool")
+    inputs: dict[str, dict[str, Any]] = {"pool": doc}
+    if where == text and pool_profiles_path(text).is_file():  # a file, with profiles beside it
+        inputs["profiles"] = read_mapping(pool_profiles_path(text), "profiles")[0]
+    return inputs
+
+
 def stage_command(
-    stage: str, spec_arg: str, run_dir: str, ctx: StageContext, python: str = "python"
+    stage: str,
+    spec_arg: str,
+    run_dir: str,
+    ctx: StageContext,
+    python: str = "python",
+    inputs: dict[str, dict[str, Any]] | None = None,
 ) -> list[str]:
     """The command line that runs ``stage``: the same for the local stage runner and the stage pods.
 
-    ``spec_arg`` is the job spec as inline JSON or a path the process can read.
+    ``spec_arg`` is the job spec as inline JSON or a path the process can read; ``inputs``
+    (:func:`run_inputs`) become ``--pool`` and ``--profiles`` with inline JSON.
     """
     if stage not in STAGES:
         raise SpecError(f"unknown stage {stage!r}; choose from {list(STAGES)}")
-    return [python, "-m", "pipelines", stage, "--spec", spec_arg, "--run-dir", str(run_dir), *ctx.to_args()]
+    carried = [a for name, doc in (inputs or {}).items() for a in (f"--{name}", json.dumps(doc, sort_keys=True))]
+    return [python, "-m", "pipelines", stage, "--spec", spec_arg, "--run-dir", str(run_dir), *carried, *ctx.to_args()]
 
 
-def rank_command(run_dir: str, python: str = "python") -> list[str]:
+def rank_command(run_dir: str, python: str = "python", *, fresh: bool = False) -> list[str]:
     """The command every training rank runs, the same for the local launcher and the rank pods:
-    the trainer reads the spec the stage saved in the run directory (docs/ARCHITECTURE.md, "Launchers")."""
+    the trainer reads the spec the stage saved in the run directory (docs/ARCHITECTURE.md, "Launchers").
+    ``fresh``: train even when a result for the same inputs exists."""
     run_dir = str(run_dir).rstrip("/") or "/"
-    return [python, "-m", "pipelines.train.trainer", "--spec", f"{run_dir}/spec.json", "--run-dir", run_dir]
+    command = [python, "-m", "pipelines.train.trainer", "--spec", f"{run_dir}/spec.json", "--run-dir", run_dir]
+    return [*command, "--fresh"] if fresh else command
 
 
 # What a calibration times: these batches, each for at least this long (several CFS periods).

@@ -9,7 +9,7 @@ Layout of one Horovod job (one Airflow task try):
 - a headless Service ``hvd-<job>-t<try>`` selecting *rank 0's pod only* (labels ``hetero_job``,
   ``try_number`` and ``rank=0``), with ``publishNotReadyAddresses`` so its DNS name
   ``<service>.<namespace>.svc`` resolves as soon as rank 0 has an IP.  Rank 0 hosts Horovod's
-  Gloo rendezvous server on :data:`~pipelines.launch.rendezvous.RENDEZVOUS_PORT`; every rank
+  Gloo rendezvous server on :func:`rendezvous_port` (29400-29499, one port per try); every rank
   (rank 0 included) reaches it through that name.
 - one pod per rank ``<task>-<job>-t<try>-r<rank>`` (deterministic, so a re-attaching operator can
   tell what exists), resources with requests equal to limits, the device type's node selector,
@@ -66,6 +66,7 @@ __all__ = [
     "storage_problem",
     "rendezvous_service_name",
     "rendezvous_address",
+    "rendezvous_port",
     "rendezvous_service_manifest",
     "rank_pod_name",
     "rank_pod_manifests",
@@ -80,6 +81,7 @@ POD_STAGES = ("preload", "estimate", "lr_search", "analyze")  # stages that run 
 RUN_AS_USER = 10001  # the images' non-root user
 WORKDIR = "/work"  # the images' working directory; a relative artifact_root is resolved under it
 DEFAULT_STAGE_RESOURCES = {"cpu": "2", "memory": "4Gi"}
+RENDEZVOUS_PORTS = 100  # rank 0 of a try listens on one of RENDEZVOUS_PORT .. + RENDEZVOUS_PORTS - 1
 MAX_LABEL_LEN = 63
 ANNOTATION_PREFIX = "hetero.io/"
 _LABEL_OK = re.compile(r"^[^a-z0-9A-Z]*|[^a-zA-Z0-9_\-\.]|[^a-z0-9A-Z]*$")
@@ -338,6 +340,15 @@ def rendezvous_service_name(identity: Identity) -> str:
     return f"hvd-{identity.job_key}-t{identity.try_number}"
 
 
+def rendezvous_port(identity: Identity) -> int:
+    """Rank 0's rendezvous port for this try: :data:`RENDEZVOUS_PORT` plus a hash of the try, below
+    ``RENDEZVOUS_PORT + RENDEZVOUS_PORTS``.  On a pod network any fixed port would do (each pod has
+    its own address); where pods share one network (``hostNetwork``, the test cluster) concurrent
+    jobs, and a try and the one before it whose rank 0 is still stopping, then do not collide."""
+    digest = hashlib.sha256(rendezvous_service_name(identity).encode()).hexdigest()
+    return RENDEZVOUS_PORT + int(digest[:8], 16) % RENDEZVOUS_PORTS
+
+
 def rendezvous_address(spec: JobSpec, identity: Identity) -> str:
     """The DNS name every rank uses to reach rank 0's rendezvous server."""
     return f"{rendezvous_service_name(identity)}.{spec.kubernetes.namespace}.svc"
@@ -363,8 +374,8 @@ def rendezvous_service_manifest(spec: JobSpec, identity: Identity) -> dict[str, 
             "ports": [
                 {
                     "name": "rendezvous",
-                    "port": RENDEZVOUS_PORT,
-                    "targetPort": RENDEZVOUS_PORT,
+                    "port": rendezvous_port(identity),
+                    "targetPort": rendezvous_port(identity),
                     "protocol": "TCP",
                 }
             ],
@@ -411,14 +422,17 @@ def rank_pod_manifests(
     plan: dict[str, Any],
     identity: Identity,
     run_dir: str | None = None,
+    *,
+    fresh: bool = False,
 ) -> list[dict[str, Any]]:
-    """One pod per rank of ``plan`` (format: docs/ARCHITECTURE.md, "Stages and their contracts"), rank 0 first."""
+    """One pod per rank of ``plan`` (format: docs/ARCHITECTURE.md, "Stages and their contracts"),
+    rank 0 first; ``fresh``: train even when a result for the same inputs exists."""
     ranks = _check_plan(plan, pool)
     run_dir = run_dir or pod_run_dir(spec, identity)
-    addr = rendezvous_address(spec, identity)
+    addr, port = rendezvous_address(spec, identity), rendezvous_port(identity)
     group = rendezvous_service_name(identity)
     volumes, mounts = _volumes(spec, shm=True)
-    command = rank_command(run_dir)
+    command = rank_command(run_dir, fresh=fresh)
     pods = []
     for r, slot in zip(ranks, pod_slots(len(ranks)), strict=True):
         device = pool.get(r["device"])
@@ -428,10 +442,10 @@ def rank_pod_manifests(
             f"{ANNOTATION_PREFIX}global-batch": str(plan.get("global_batch", "")),
         }
         _kueue(spec, labels, annotations, group, len(ranks))
-        env = rank_env(slot, device, r["batch"], addr)
+        env = rank_env(slot, device, r["batch"], addr, port)
         container = _container(spec, RANK_CONTAINER, command, env, device.kubernetes.resources, mounts)
         if slot.rank == 0:
-            container["ports"] = [{"name": "rendezvous", "containerPort": RENDEZVOUS_PORT, "protocol": "TCP"}]
+            container["ports"] = [{"name": "rendezvous", "containerPort": port, "protocol": "TCP"}]
         name = rank_pod_name(identity, slot.rank)
         pods.append(
             _pod(
@@ -447,12 +461,14 @@ def rank_pod_manifests(
     return pods
 
 
-def rank_env(slot: Slot, device: DeviceType, batch: int, rendezvous_addr: str) -> dict[str, str]:
+def rank_env(
+    slot: Slot, device: DeviceType, batch: int, rendezvous_addr: str, port: int = RENDEZVOUS_PORT
+) -> dict[str, str]:
     """A rank pod's environment: Horovod's place and rendezvous, its device, batch and CPU limit."""
     env = {
         **_base_env(cpu_threads(device.kubernetes.resources)),
         **slot.env(),
-        **gloo_env(addr=rendezvous_addr, port=RENDEZVOUS_PORT, iface="eth0"),
+        **gloo_env(addr=rendezvous_addr, port=port, iface="eth0"),
         ENV_DEVICE: device.name,
         ENV_BATCH: str(batch),
         ENV_SHARE: str(cpu_cores(device.kubernetes.resources)),  # the CPU limit the trainer measures against
@@ -463,12 +479,18 @@ def rank_env(slot: Slot, device: DeviceType, batch: int, rendezvous_addr: str) -
 
 
 def job_manifests(
-    spec: JobSpec, pool: PoolSpec, plan: dict[str, Any], identity: Identity, run_dir: str | None = None
+    spec: JobSpec,
+    pool: PoolSpec,
+    plan: dict[str, Any],
+    identity: Identity,
+    run_dir: str | None = None,
+    *,
+    fresh: bool = False,
 ) -> dict[str, Any]:
     """``{"service": <Service>, "pods": [<rank pods>]}`` for one try of a Horovod job."""
     return {
         "service": rendezvous_service_manifest(spec, identity),
-        "pods": rank_pod_manifests(spec, pool, plan, identity, run_dir),
+        "pods": rank_pod_manifests(spec, pool, plan, identity, run_dir, fresh=fresh),
     }
 
 
@@ -486,17 +508,21 @@ def stage_pod_manifest(
     pool: PoolSpec | None = None,
     device: str | None = None,
     resources: dict[str, str] | None = None,
+    inputs: dict[str, dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
     """One pod running one stage with the trainer image.
 
-    The spec goes inline as JSON unless ``spec_arg`` names a file the pod can read.  ``device``
-    (a device type of ``pool``) takes that type's resources and placement; otherwise ``resources``
-    (default 2 CPUs, 4Gi).  The stage prints its JSON result as its last log line.
+    The spec goes inline as JSON unless ``spec_arg`` names a file the pod can read; so do
+    ``inputs`` (the pool and its profiles, :func:`pipelines.stages.run_inputs`), which the stage
+    copies into the run directory.  ``device`` (a device type of ``pool``) takes that type's
+    resources and placement; otherwise ``resources`` (default 2 CPUs, 4Gi).  The stage prints
+    its JSON result as its last log line.
     """
     if stage not in POD_STAGES:
         raise SpecError(f"stage {stage!r} does not run as a single pod; choose from {list(POD_STAGES)}")
     ctx = ctx or StageContext(dag_id=identity.dag_id, run_id=identity.run_id, try_number=identity.try_number)
-    command = stage_command(stage, spec_arg or spec.to_json(), run_dir or pod_run_dir(spec, identity), ctx)
+    run_dir = run_dir or pod_run_dir(spec, identity)
+    command = stage_command(stage, spec_arg or spec.to_json(), run_dir, ctx, inputs=inputs)
     dev = _stage_device(stage, pool, device)
     res = dict(dev.kubernetes.resources if dev else (resources or DEFAULT_STAGE_RESOURCES))
     volumes, mounts = _volumes(spec, shm=False)

@@ -2,7 +2,7 @@
 
 Output (one YAML document per file): ``service.yaml`` (the rendezvous Service), ``rank-<r>.yaml``
 (one pod per rank of the plan) and ``stage-<stage>.yaml`` (preload, estimate, lr_search and analyze
-pods).  Pods are named and labelled as the Airflow operators would for ``--dag-id``/``--run-id``,
+pods, which carry the pool and its profiles inline, as the operators' pods do).  Pods are named and labelled as the Airflow operators would for ``--dag-id``/``--run-id``,
 try 1.
 """
 
@@ -17,7 +17,7 @@ import yaml
 from pipelines.launch import k8s
 from pipelines.plan import default_plan, load_plan
 from pipelines.spec import load_pool, load_spec
-from pipelines.stages import StageContext
+from pipelines.stages import StageContext, run_inputs
 
 __all__ = ["render_job", "write_manifests", "render_cli"]
 
@@ -33,7 +33,8 @@ def render_job(
 ) -> dict[str, dict[str, Any]]:
     """Every manifest of a job as ``{file name: manifest dict}``."""
     spec = load_spec(spec_source)
-    pool = load_pool(pool_source if pool_source is not None else spec.pool)
+    inputs = run_inputs(pool_source if pool_source is not None else spec.pool)
+    pool = load_pool(inputs["pool"])
     plan = load_plan(plan_source) if plan_source is not None else default_plan(spec, pool)
     out: dict[str, dict[str, Any]] = {}
     job_id = k8s.Identity(dag_id=dag_id, run_id=run_id, task_id=train_task_id)
@@ -44,7 +45,7 @@ def render_job(
     for stage in k8s.POD_STAGES:
         ident = k8s.Identity(dag_id=dag_id, run_id=run_id, task_id=stage)  # task id == stage name
         ctx = StageContext(dag_id=dag_id, run_id=run_id, try_number=1)
-        out[f"stage-{stage}.yaml"] = k8s.stage_pod_manifest(spec, stage, ident, ctx=ctx)
+        out[f"stage-{stage}.yaml"] = k8s.stage_pod_manifest(spec, stage, ident, ctx=ctx, inputs=inputs)
     return out
 
 

@@ -8,7 +8,8 @@ Run under the local launcher or as a Kubernetes pod::
 Each rank trains on a local batch proportional to its measured speed; its loss is weighted by
 N * b_i / B so Horovod's average of the gradients equals the gradient of the mean loss over the
 global batch (docs/ARCHITECTURE.md, "Heterogeneous synchronous training").  Rank 0 alone writes
-checkpoints, events and the model.
+checkpoints, events, the model and the stage result (``pipelines.train.result``), which it also
+prints as its last line of output, under either launcher.
 
 :meth:`Trainer.fit` is the training loop; its parts live beside it in ``pipelines/train/``:
 ``job`` (spec, rows, plan, learning rate), ``step`` (the compiled step and the loss weight),
@@ -45,7 +46,39 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="least measured time behind a re-balance decision (default: %(default)s)")
     p.add_argument("--max-steps", type=int, default=None, help="stop after this many steps (benchmarks)")
     p.add_argument("--out", default=None, help="train output folder (default: <run-dir>/train)")
+    p.add_argument("--fresh", action="store_true", help="train even if a result for the same inputs exists")
     return p.parse_args(argv)
+
+
+# Options that change what is trained; part of the result's input key when set.
+KEYED_OPTIONS = ("epochs", "global_batch", "max_steps", "no_balance")
+
+
+def result_key(args: argparse.Namespace) -> str:
+    """The input key of this job's result (pipelines.train.result.train_input_key, as the local
+    train stage computes it), from the files every rank reads."""
+    from pipelines.rundir import RunDir
+    from pipelines.spec import SpecError, load_spec
+    from pipelines.train.job import read_plan
+    from pipelines.train.result import train_input_key
+
+    run_dir = RunDir(args.run_dir)
+    overrides = {k: v for k in KEYED_OPTIONS if (v := getattr(args, k))}
+    try:
+        return train_input_key(load_spec(args.spec), run_dir, read_plan(args.plan, run_dir), overrides)
+    except (SpecError, FileNotFoundError) as e:
+        raise TrainingError(str(e)) from None
+
+
+def out_dir(args: argparse.Namespace) -> str:
+    return args.out or os.path.join(args.run_dir, "train")
+
+
+def print_result(result: dict) -> None:
+    """The result as the last line of standard output: the task's result on either launcher."""
+    import json
+
+    print(json.dumps(result, sort_keys=True, default=str), flush=True)
 
 
 def configure_threads() -> None:
@@ -59,9 +92,25 @@ def configure_threads() -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Train one rank; rank 0 prints the stage result last.  Every rank first looks for a result
+    of the same inputs (the same file on the shared run directory, so all ranks agree) and, when
+    there is one, exits at once without joining the rendezvous; rank 0 prints it."""
+    from pipelines.train.result import completed
+
     args = parse_args(argv)
     rank = os.environ.get("HOROVOD_RANK", "0")
     logging.basicConfig(level=logging.INFO, format=f"%(asctime)s %(levelname)s rank{rank}: %(message)s")
+    try:
+        key = result_key(args)
+    except TrainingError as e:
+        log.error("%s", e)
+        return 3
+    done = None if args.fresh else completed(out_dir(args), key)
+    if done is not None:
+        log.info("already trained for these inputs (input key %s); returning the stored result", key)
+        if rank == "0":
+            print_result(done)
+        return 0
     from pipelines.launch.rendezvous import maybe_host_rendezvous
 
     rendezvous = maybe_host_rendezvous()  # on Kubernetes rank 0 hosts the Gloo rendezvous
@@ -72,20 +121,22 @@ def main(argv: list[str] | None = None) -> int:
 
     init_horovod(hvd)  # joins the Gloo rendezvous (blocks until every rank has arrived)
     try:
-        Trainer(args, hvd).fit()
+        result = Trainer(args, hvd, key).fit()
     except TrainingError as e:
         log.error("%s", e)
         return 3
     finally:
         if rendezvous is not None:
             rendezvous.shutdown()
+    if rank == "0":
+        print_result(result)
     return 0
 
 
 class Trainer:
     """One rank of the job: its data, model, optimizer, compiled step and checkpoints."""
 
-    def __init__(self, args: argparse.Namespace, hvd):
+    def __init__(self, args: argparse.Namespace, hvd, key: str = ""):
         import tensorflow as tf
 
         from pipelines.models import build_model
@@ -95,6 +146,7 @@ class Trainer:
         from pipelines.train.step import build_steps
 
         self.args, self.hvd, self.tf = args, hvd, tf
+        self.key = key  # the input key the result is stored under (result_key)
         self.rank, self.size = hvd.rank(), hvd.size()
         self.quota = cpu_quota_reader()
         self.job = job = load_job(args, self.size)
@@ -116,7 +168,8 @@ class Trainer:
         self.last: tuple[float, float] = (math.nan, math.nan)  # loss and accuracy of the last step
 
     def fit(self) -> dict:
-        """Resume or calibrate; train window by window to the last epoch; save, export, summarise."""
+        """Resume or calibrate; train window by window to the last epoch; save, export, summarise.
+        Returns the stage result (pipelines.train.result)."""
         from pipelines.balance import epoch_steps
         from pipelines.data.reader import RankInput, epoch_permutation
         from pipelines.train.events import EventWriter
@@ -261,23 +314,27 @@ class Trainer:
         return self.hvd.allgather(tf.constant([values], dtype=tf.float64), name=None).numpy()  # allgather (blocks until every rank sent)
 
     def finish(self, step: int, done: bool, resumed_from: int, train_s: float, events) -> dict:
-        """Final checkpoint, SavedModel, events and summary.json (rank 0 alone writes them)."""
+        """Final checkpoint, SavedModel, events, summary.json and, last, result.json (rank 0 alone
+        writes them); returns the stage result."""
         from pipelines.rundir import write_json
         from pipelines.train.export import export_saved_model
+        from pipelines.train.result import result_path, stage_result
 
         job, ckpt = self.job, self.checkpoints
         if self.rank == 0 and (done or ckpt.manager.latest_checkpoint is None):
             ckpt.save(step)
         summary = self.summary(step, resumed_from, train_s)
+        result = stage_result(summary, self.key, job.run_dir)
         if self.rank == 0:
             export_saved_model(self.model, job.shape, job.mean, job.std, job.out / "saved_model")
             events.flush()
             write_json(job.out / "summary.json", summary)
+            write_json(result_path(job.out), result)  # last: its presence means the stage is done
             log.info("training done in %.1fs: %s", train_s, {k: summary[k] for k in ("samples_per_sec", "final_loss")})
-        return summary
+        return result
 
     def summary(self, step: int, resumed_from: int, train_s: float) -> dict:
-        """The run's ``summary.json`` (the train stage returns it, less history and saves)."""
+        """The run's ``summary.json`` (the stage result is it, less history and saves)."""
         from pipelines.train.window import run_figures
 
         job, ckpt = self.job, self.checkpoints

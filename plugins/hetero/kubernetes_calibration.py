@@ -39,7 +39,9 @@ class CalibrationPodsOperator(HorovodJobOperator):
 
     def make_gang(self, client, spec: Any, identity: k8s.Identity, service: dict | None, pods: list) -> HorovodGang:
         # The calibration pods are their own job: the estimate stage's pod of this task is not one of them.
-        return super().make_gang(client, spec, k8s.calibration_identity(identity), service, pods)
+        gang = super().make_gang(client, spec, k8s.calibration_identity(identity), service, pods)
+        gang.result_line = False  # each pod writes its profile into the run directory instead
+        return gang
 
     def execute(self, context: Context) -> dict[str, Any]:
         self.log.info("Calibrating every device type of the pool in its own pod before the estimate stage")

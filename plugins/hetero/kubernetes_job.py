@@ -13,8 +13,9 @@ owns the whole gang of one task try:
    quotes the scheduler's event), scheduled pods ``image_pull_timeout_s``; image errors,
    CrashLoopBackOff and container-config errors fail at once;
 4. streams rank 0's log into the task log; when any rank fails, deletes every pod and the Service
-   and fails with that rank's exit code and last log lines; on success deletes everything; on kill
-   deletes everything.
+   and fails with that rank's exit code and last log lines; on success returns the train stage's
+   result, the last JSON line rank 0 printed (``pipelines.train.result``), and deletes everything;
+   on kill deletes everything.
 
 All cluster calls go through a ``CoreV1Api``-like object (see :class:`CoreV1Like`), so tests can
 substitute a fake that returns ``kubernetes.client`` model objects.
@@ -30,7 +31,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from airflow.sdk import BaseOperator
 from airflow.sdk.exceptions import AirflowException
 
-from hetero.stage_runner import stage_context
+from hetero.stage_runner import carried_inputs, stage_context
 from pipelines.launch import k8s
 from pipelines.plan import default_plan, load_plan
 from pipelines.stages import last_json_object
@@ -240,6 +241,7 @@ class HorovodGang:
         self.identity = identity
         self.service = service
         self.pods = list(pods)
+        self.result_line = True  # rank 0 prints the stage's result as its last JSON line
         self.namespace = namespace
         self.scheduling_timeout_s = scheduling_timeout_s
         self.image_pull_timeout_s = image_pull_timeout_s
@@ -258,15 +260,16 @@ class HorovodGang:
     # -- lifecycle
 
     def run(self) -> dict[str, Any]:
-        """Create (or re-attach), wait for completion and clean up; raises :class:`GangError` on failure."""
+        """Create (or re-attach), wait for completion and clean up; returns the train stage's result
+        (rank 0's, plus ``launcher_seconds``); raises :class:`GangError` on failure."""
         try:
             self.attach_or_create()
-            summary = self.wait()
+            result = self.wait()
         except BaseException as exc:
             self.cleanup(keep_failed=self.keep_failed_pods and isinstance(exc, RankPodFailed))
             raise
         self.cleanup()
-        return summary
+        return result
 
     def kill(self) -> None:
         """Stop watching and delete everything (called from ``on_kill``)."""
@@ -314,7 +317,7 @@ class HorovodGang:
                     raise
 
     def wait(self) -> dict[str, Any]:
-        """Poll until every rank succeeded; fail fast on the first broken rank."""
+        """Poll until every rank succeeded, then return rank 0's result; fail fast on the first broken rank."""
         start = self.clock()
         scheduled_at: dict[int, float] = {}
         all_running = False
@@ -342,7 +345,10 @@ class HorovodGang:
             if 0 in pods:
                 self._stream_rank0(pods[0])
             if all(ph == "Succeeded" for ph in phases.values()):
-                return self._summary(pods)
+                self.log.info("All %d ranks succeeded (pods %s)", len(pods), [want[r] for r in sorted(want)])
+                if not self.result_line:
+                    return self._summary(pods)
+                return {**self._result(pods[0]), "launcher_seconds": round(self.clock() - start, 3)}
             self.sleep(self.poll_interval_s)
 
     def _check_startup(self, rank: int, pod: k8s_models.V1Pod, waited_s: float, scheduled_s: float) -> None:
@@ -503,6 +509,7 @@ class HorovodGang:
             self.log.info("[rank 0] %s", message)
 
     def _summary(self, pods: dict[int, k8s_models.V1Pod]) -> dict[str, Any]:
+        """What ran, for a gang whose pods print no result line (the calibration pods)."""
         return {
             "namespace": self.namespace,
             "service": self.service["metadata"]["name"] if self.service else None,
@@ -510,8 +517,23 @@ class HorovodGang:
             "ranks": len(pods),
             "try_number": self.identity.try_number,
             "reattached": self.reattached,
-            "result": last_json_object(self._rank0_lines),  # the trainer's summary line, if streamed
         }
+
+    def _result(self, rank0: k8s_models.V1Pod) -> dict[str, Any]:
+        """The train stage's result: the last JSON line rank 0 printed (pipelines.train.result),
+        read from the end of its log (or, failing that, from the lines streamed so far)."""
+        name = rank0.metadata.name
+        try:
+            tail = read_pod_log(self.client, name, self.namespace, container=_main_container(rank0),
+                                tail_lines=self.log_tail_lines).splitlines()
+        except Exception as e:  # the streamed lines may still hold it
+            self.log.warning("Reading the end of rank 0's log failed: %s", e)
+            tail = []
+        result = last_json_object(tail) or last_json_object(self._rank0_lines)
+        if result is None:
+            lines = "\n".join((tail or list(self._rank0_lines))[-15:])
+            raise GangError(f"every rank succeeded but rank 0 (pod {name}) printed no result line; last lines:\n{lines}")
+        return result
 
 
 # -------------------------------------------------------------------------------- operator
@@ -525,6 +547,7 @@ class HorovodJobOperator(BaseOperator):
         for one rank per device of the pool. (templated)
     :param run_dir: the run directory as pods see it (default: under the artifact volume). (templated)
     :param pool: pool file path or dict (default: the spec's ``pool``). (templated)
+    :param fresh: train even when the run directory holds a result for the same inputs.
     :param kubernetes_conn_id: Airflow connection (default: the spec's ``kubernetes.kubernetes_conn_id``).
     :param poll_interval: seconds between status polls.
     :param log_tail_lines: log lines of a failed rank quoted in the error.
@@ -549,9 +572,11 @@ class HorovodJobOperator(BaseOperator):
         cluster_context: str | None = None,
         poll_interval: float = 5.0,
         log_tail_lines: int = 40,
+        fresh: bool = False,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
+        self.fresh = fresh
         self.spec_json = spec_json
         self.plan = plan
         self.run_dir = run_dir
@@ -569,9 +594,9 @@ class HorovodJobOperator(BaseOperator):
         from pipelines.spec import load_pool, load_spec
 
         spec = load_spec(self.spec_json)
-        pool = load_pool(self.pool if self.pool is not None else spec.pool)
+        pool = load_pool(carried_inputs(spec, self.pool)["pool"])
         plan = load_plan(self.plan) if self.plan not in (None, "", "None") else default_plan(spec, pool)
-        return spec, k8s.job_manifests(spec, pool, plan, identity, self.run_dir or None)
+        return spec, k8s.job_manifests(spec, pool, plan, identity, self.run_dir or None, fresh=self.fresh)
 
     def build_pods(self, identity: k8s.Identity) -> tuple[Any, dict[str, Any], list[k8s_models.V1Pod]]:
         """``(spec, service manifest, [V1Pod per rank])`` rendered through the provider's pod construction."""

@@ -1,8 +1,9 @@
 """A stage (preload, estimate, lr_search, analyze) as one KubernetesPodOperator pod.
 
 The pod runs the trainer image with exactly the command line the local runner uses,
-``python -m pipelines <stage> --spec ... --run-dir ... --dag-id ... --run-id ... --try-number ...``
-(:func:`pipelines.stages.stage_command`).  That command prints the stage's JSON result as the
+``python -m pipelines <stage> --spec ... --run-dir ... --pool ... --dag-id ... --run-id ... --try-number ...``
+(:func:`pipelines.stages.stage_command`): the spec, the pool and its profiles override go inline,
+since the pod cannot read the Airflow side's files; the stage copies them into the run directory.  That command prints the stage's JSON result as the
 last line of its standard output; the operator follows the pod's log (the provider's log
 streaming), keeps the last lines and returns the last JSON object line as the task's XCom.
 
@@ -19,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 from airflow.providers.cncf.kubernetes.operators.pod import KubernetesPodOperator
 
 from hetero.kubernetes_job import identity_from_context
-from hetero.stage_runner import stage_context, stage_result
+from hetero.stage_runner import carried_inputs, stage_context, stage_result
 from pipelines.launch import k8s
 
 if TYPE_CHECKING:
@@ -36,7 +37,7 @@ class StagePodOperator(KubernetesPodOperator):
     :param spec_json: the job spec (JSON text or dict); passed inline to the pod. (templated)
     :param run_dir: the run directory as the pod sees it (default: under the artifact volume). (templated)
     :param device: run on this device type of the pool (its resources and placement); default: 2 CPUs, 4Gi.
-    :param pool: pool file or dict, needed with ``device`` (default: the spec's pool). (templated)
+    :param pool: pool file or dict (default: the spec's pool); carried to the pod inline. (templated)
     :param resources: resources when no device is given (requests = limits).
     :param fresh: pass ``--fresh`` (recompute even if a result exists).
 
@@ -86,9 +87,7 @@ class StagePodOperator(KubernetesPodOperator):
         spec = load_spec(self.spec_json)
         ctx = stage_context(context, self.fresh)
         identity = identity_from_context(context)
-        pool = None
-        if self.device is not None:
-            pool = load_pool(self.pool if self.pool is not None else spec.pool)
+        inputs = carried_inputs(spec, self.pool)  # the pod cannot read the Airflow side's pool file
         manifest = k8s.stage_pod_manifest(
             spec,
             self.stage,
@@ -96,9 +95,10 @@ class StagePodOperator(KubernetesPodOperator):
             ctx=ctx,
             run_dir=self.run_dir or None,
             spec_arg=spec.to_json(),
-            pool=pool,
+            pool=load_pool(inputs["pool"]) if self.device is not None else None,
             device=self.device,
             resources=self.resources,
+            inputs=inputs,
         )
         self.full_pod_spec = self._deserialize(manifest)
         self.name = manifest["metadata"]["name"]

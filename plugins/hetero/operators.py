@@ -48,11 +48,10 @@ class PipelineStageOperator(BaseOperator):
     def calibrate_on_kubernetes(self, spec, context) -> None:
         """One calibration pod per device type, in parallel, before the estimate stage's pod; skipped
         when measured profiles override calibration (``<pool stem>.profiles.json`` beside the pool)."""
-        from pipelines.spec import pool_profiles_path
+        from hetero.stage_runner import carried_inputs
 
-        override = pool_profiles_path(spec.pool)
-        if override.is_file():
-            self.log.info("Step-time profiles from %s; no calibration pods", override)
+        if "profiles" in carried_inputs(spec):  # <pool stem>.profiles.json beside the pool file
+            self.log.info("Step-time profiles from the file beside the pool %s; no calibration pods", spec.pool)
             return
         from hetero.kubernetes_calibration import CalibrationPodsOperator
 

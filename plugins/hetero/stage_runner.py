@@ -1,7 +1,7 @@
 """Run a pipeline stage as a subprocess in the trainer environment, from an Airflow task.
 
 The command is exactly what a pod runs (:func:`pipelines.stages.stage_command`) with the trainer
-environment's Python.  Its output is streamed line by line into the task log; a non-zero exit
+environment's Python, the pool and its profiles carried inline (:func:`carried_inputs`).  Its output is streamed line by line into the task log; a non-zero exit
 fails the task with the stage's own ``ERROR:`` lines; the last line (a JSON document) becomes
 the task's XCom.  If the task is killed, the stage's whole process group is stopped.
 """
@@ -20,7 +20,7 @@ from airflow.sdk.exceptions import AirflowException
 
 from pipelines.rundir import RunDir
 from pipelines.spec import JobSpec, load_spec
-from pipelines.stages import StageContext, last_json_object, stage_command
+from pipelines.stages import StageContext, last_json_object, run_inputs, stage_command
 
 log = logging.getLogger(__name__)
 
@@ -64,6 +64,13 @@ def run_dir_for(spec: JobSpec, ctx: StageContext) -> RunDir:
     return RunDir.for_run(spec.artifact_root, ctx.dag_id, ctx.run_id)
 
 
+def carried_inputs(spec: JobSpec, pool: str | dict | None = None) -> dict[str, dict]:
+    """The pool (``pool``, else the spec's) and its profiles override, read on this (the Airflow)
+    side, for the stage command to carry inline into the run directory; a relative pool path is
+    taken under the project root, where stage subprocesses run."""
+    return run_inputs(pool if pool is not None else spec.pool, base=PROJECT_ROOT)
+
+
 def stage_result(lines: Sequence[str], stage: str, where: str) -> dict:
     """The stage's JSON result (its last JSON object line); the error quotes the last lines otherwise."""
     result = last_json_object(lines)
@@ -85,7 +92,8 @@ class LocalStage:
         """Run the stage in the trainer environment and return its JSON result."""
         run_dir = run_dir_for(self.spec, self.ctx)
         python = self.python or trainer_python()
-        cmd = stage_command(self.stage, self.spec.to_json(), str(run_dir), self.ctx, python)
+        inputs = carried_inputs(self.spec)
+        cmd = stage_command(self.stage, self.spec.to_json(), str(run_dir), self.ctx, python, inputs=inputs)
         log.info("running stage %s in %s", self.stage, run_dir)
         env = dict(os.environ)
         env.setdefault("PYTHONUNBUFFERED", "1")

@@ -1,13 +1,15 @@
 """A fake ``CoreV1Api`` that records calls and returns ``kubernetes.client`` model objects.
 
 Each pod follows a *script*: a list of status builders indexed by how many ticks (fake sleeps)
-have passed since the pod was created; the last entry repeats.
+have passed since the pod was created; the last entry repeats.  Each rank's log is, unless a test
+sets another, what the real trainer prints (:func:`trainer_log`).
 """
 
 from __future__ import annotations
 
 import copy
 import datetime as dt
+import json
 from collections.abc import Callable
 from types import SimpleNamespace
 from typing import Any
@@ -17,6 +19,46 @@ from kubernetes.client.exceptions import ApiException
 
 T0 = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
 StatusFn = Callable[[], m.V1PodStatus]
+RUN_DIR = "/mnt/artifacts/train_pipeline/manual__2026-01-01T00_00_00+00_00"
+
+
+def trainer_result(steps: int = 40) -> dict[str, Any]:
+    """The train stage's result as rank 0 of the trainer prints it (pipelines.train.result.stage_result
+    over a summary with the trainer's fields)."""
+    from pipelines.rundir import RunDir
+    from pipelines.train.result import stage_result
+
+    ranks = [{"balance_efficiency": 0.9, "batch": batch, "compute_s": 3.1, "device": device, "input_wait_s": 0.06,
+              "rank": i, "samples_per_sec": 7005.6 * batch / 128, "wait_s": 0.3}
+             for i, (device, batch) in enumerate((("a100", 128), ("v100", 64), ("t4", 32)))]  # conftest's mixed_plan
+    summary = {
+        "checkpoint_dir": f"{RUN_DIR}/train/checkpoints", "checkpoint_saves": [{"step": steps, "seconds": 0.07}],
+        "checkpoint_seconds": 0.07, "epochs": 2, "events_dir": f"{RUN_DIR}/train/events", "final_loss": 1.63,
+        "final_train_accuracy": 0.41, "global_batch": 224, "history": [{"step": 10}], "input_wait_fraction": 0.02,
+        "learning_rate": 0.0113, "loop_seconds": 3.7, "ranks": ranks,
+        "rebalance_events": [], "resumed_from_step": 0, "samples_per_sec": 685.1,
+        "saved_model": f"{RUN_DIR}/train/saved_model", "steps": steps, "train_seconds": 6.4,
+    }
+    return stage_result(summary, "922a1f8884e93d11", RunDir(RUN_DIR))
+
+
+def trainer_log(rank: int) -> list[str]:
+    """A rank's log as the real trainer prints it (copied from a run on the test cluster,
+    tests/integration/airflow/test_dag_e2e.py): TensorFlow's start-up line on every rank; on
+    rank 0 its progress and, last, the stage result as one JSON line (:func:`trainer_result`)."""
+    lines = [f"2026-01-01 00:00:0{1 + rank}.732154: I tensorflow/core/util/port.cc:113] oneDNN custom operations are on. "
+             "You may see slightly different numerical results due to floating-point round-off errors from different "
+             "computation orders. To turn them off, set the environment variable `TF_ENABLE_ONEDNN_OPTS=0`."]
+    if rank != 0:
+        return lines
+    return lines + [
+        "2026-01-01 00:00:12,278 INFO rank0: calibrated samples/s [2748.2, 1401.3, 702.6] -> local batches [128, 64, 32] "
+        "(was [128, 64, 32])",
+        "2026-01-01 00:00:15,667 INFO rank0: epoch 0 done: loss 2.0465 accuracy 0.2549 step 20",
+        "2026-01-01 00:00:16,138 INFO rank0: epoch 1 done: loss 1.6297 accuracy 0.4118 step 40",
+        "2026-01-01 00:00:17,760 INFO rank0: training done in 6.4s: {'samples_per_sec': 685.1, 'final_loss': 1.63}",
+        json.dumps(trainer_result(), sort_keys=True, default=str),
+    ]
 
 
 def _cs(state: m.V1ContainerState, name: str = "trainer", last: m.V1ContainerState | None = None):
@@ -117,7 +159,7 @@ class FakeCoreV1:
         self.pod_scripts: dict[str, list[StatusFn]] = {}
         self.services: dict[str, Any] = {}
         self.events: dict[str, list[m.CoreV1Event]] = {}
-        self.logs: dict[int, list[str]] = {}
+        self.logs: dict[int, list[str]] = {0: trainer_log(0), 1: trainer_log(1), 2: trainer_log(2)}
         self.calls: list[tuple[str, str]] = []
         self.now = 0
 

@@ -15,6 +15,7 @@ from fakes import (
     running,
     scheduling_event,
     terminated,
+    trainer_result,
     unschedulable,
     waiting,
 )
@@ -30,6 +31,7 @@ from hetero.kubernetes_job import (
     identity_from_context,
 )
 from pipelines.spec import load_pool
+from pipelines.stages import rank_command
 
 
 class ListLog(logging.Logger):
@@ -67,16 +69,38 @@ def assert_all_gone(fake: FakeCoreV1):
 
 def test_all_ranks_start_and_succeed(spec_doc, mixed_plan):
     fake = FakeCoreV1()
-    fake.logs[0] = ["epoch 1 loss 0.9", "epoch 2 loss 0.5", '{"final_loss": 0.5, "steps": 20}']
-    fake.logs[1] = ["rank 1 chatter"]
     op = make_operator(spec_doc, mixed_plan, fake)
     result = op.execute(make_context())
     assert len(fake.created("pod")) == 3 and len(fake.created("service")) == 1
-    assert result["ranks"] == 3 and result["result"] == {"final_loss": 0.5, "steps": 20}
+    # the train stage's result: what rank 0 printed last, plus the time the gang took
+    assert result == {**trainer_result(), "launcher_seconds": float(fake.now)}
     rank0 = [line for line in op.log_lines.lines if line.startswith("[rank 0]")]
     assert rank0 == [f"[rank 0] {s}" for s in fake.logs[0]]  # streamed once each, in order
-    assert not any("rank 1 chatter" in line for line in op.log_lines.lines)
-    assert sorted(fake.deleted("pod")) == sorted(result["pods"])
+    assert not any(fake.logs[1][0] in line for line in op.log_lines.lines)  # other ranks' logs are not
+    assert sorted(fake.deleted("pod")) == sorted(p.metadata.name for p in op.gang.pods)
+    assert_all_gone(fake)
+
+
+def test_a_result_line_the_stream_missed_is_read_from_the_end_of_rank_0s_log(spec_doc, mixed_plan):
+    fake = FakeCoreV1()
+    op = make_operator(spec_doc, mixed_plan, fake)
+    original = op.make_gang
+
+    def no_stream(*args):
+        gang = original(*args)
+        gang._stream_rank0 = lambda pod: None  # e.g. every streaming read failed
+        return gang
+
+    op.make_gang = no_stream
+    assert op.execute(make_context())["input_key"] == trainer_result()["input_key"]
+
+
+def test_ranks_that_succeed_without_a_result_line_fail_the_task(spec_doc, mixed_plan):
+    fake = FakeCoreV1()
+    fake.logs[0] = fake.logs[0][:-1]  # rank 0 exited 0 before printing its result
+    with pytest.raises(GangError, match=r"rank 0 \(pod train-\w+-t1-r0\) printed no result line") as info:
+        make_operator(spec_doc, mixed_plan, fake).execute(make_context())
+    assert "training done in 6.4s" in str(info.value)  # quotes its last lines
     assert_all_gone(fake)
 
 
@@ -164,7 +188,7 @@ def test_a_transient_image_pull_error_is_waited_out(spec_doc, mixed_plan):
         scripts={1: [flaky, flaky, running(), terminated(0)]}, default=[running(), terminated(0)]
     )
     result = make_operator(spec_doc, mixed_plan, fake).execute(make_context())
-    assert result["ranks"] == 3
+    assert result["input_key"] == trainer_result()["input_key"]
 
 
 def test_reattach_after_worker_restart_creates_no_second_set(spec_doc, mixed_plan):
@@ -181,8 +205,8 @@ def test_reattach_after_worker_restart_creates_no_second_set(spec_doc, mixed_pla
     fake.services[old_service["metadata"]["name"]] = old_service
     fake.add_pod(old_pods[0], [running()])  # an older try's pod is deleted first
     result = op.execute(ctx)
-    assert fake.created("pod") == []
-    assert result["reattached"] == sorted(p.metadata.name for p in pods)
+    assert fake.created("pod") == [] and result["steps"] == trainer_result()["steps"]
+    assert op.gang.reattached == sorted(p.metadata.name for p in pods)
     assert fake.deleted("pod")[0] == old_pods[0].metadata.name
     assert fake.deleted("service")[0] == old_service["metadata"]["name"]
     assert_all_gone(fake)
@@ -257,6 +281,16 @@ def test_built_pods_match_the_mixed_plan_and_validate(spec_doc, mixed_plan):
         kubernetes_validate.validate(manifest, "1.37.0", strict=True)
         assert restricted_violations(manifest) == []
     kubernetes_validate.validate(service, "1.37.0", strict=True)
+
+
+@pytest.mark.parametrize("fresh", [False, True])
+def test_fresh_rank_pods_do_not_return_a_stored_result(spec_doc, mixed_plan, fresh):
+    op = HorovodJobOperator(task_id="train", spec_json=spec_doc, plan=mixed_plan, fresh=fresh)
+    _, manifests = op.build_manifests(identity_from_context(make_context()))
+    for pod in manifests["pods"]:
+        command = pod["spec"]["containers"][0]["command"]
+        run_dir = command[command.index("--run-dir") + 1]
+        assert command == rank_command(run_dir, fresh=fresh)
 
 
 def test_the_pod_template_file_is_merged_under_the_pods(tmp_path, spec_doc, mixed_plan):

@@ -24,6 +24,7 @@ from pipelines.stages import rank_command
 K8S_VERSION = "1.37.0"
 LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
 RUN_ID = "manual__2026-01-01T00:00:00+00:00"
+TRAIN_ID = k8s.Identity(dag_id="train_pipeline", run_id=RUN_ID, task_id="train")  # the rendered job's
 
 
 def _env(pod: dict) -> dict[str, str]:
@@ -126,17 +127,27 @@ def test_rank_pods_match_the_plan(rendered, mixed_plan):
         assert env["HOROVOD_RANK"] == str(r["rank"]) and env["HOROVOD_SIZE"] == "3"
         assert env["HETERO_CPU_THREADS"] == device.kubernetes.resources["cpu"]
         assert env["HOROVOD_GLOO_RENDEZVOUS_ADDR"] == rendered["service.yaml"]["metadata"]["name"] + ".ml.svc"
-        assert env["HOROVOD_GLOO_RENDEZVOUS_PORT"] == str(RENDEZVOUS_PORT)
+        assert env["HOROVOD_GLOO_RENDEZVOUS_PORT"] == str(rendered["service.yaml"]["spec"]["ports"][0]["port"])
         assert ("HETERO_HOST_RENDEZVOUS" in env) == (r["rank"] == 0)
         run_dir = c["command"][c["command"].index("--run-dir") + 1]
         assert c["command"] == rank_command(run_dir)  # the local launcher's rank command, in the image
         assert c["envFrom"] == [{"secretRef": {"name": "s3-credentials"}}]
 
 
+def test_each_try_has_its_own_rendezvous_port_in_the_documented_range():
+    """Where pods share one network (hostNetwork, the test cluster), concurrent jobs and a try and
+    the one before it must not bind the same port."""
+    ports = {k8s.rendezvous_port(k8s.Identity(run_id=f"run-{i}", try_number=t)) for i in range(20) for t in (1, 2)}
+    assert len(ports) > 30 and all(RENDEZVOUS_PORT <= p < RENDEZVOUS_PORT + k8s.RENDEZVOUS_PORTS for p in ports)
+    assert k8s.rendezvous_port(TRAIN_ID) == k8s.rendezvous_port(k8s.Identity(**vars(TRAIN_ID)))  # stable
+
+
 def test_the_headless_service_selects_rank_zero_only(rendered):
     svc = rendered["service.yaml"]
     assert svc["spec"]["clusterIP"] == "None"
-    assert svc["spec"]["ports"][0]["port"] == RENDEZVOUS_PORT
+    port = svc["spec"]["ports"][0]["port"]
+    assert port == svc["spec"]["ports"][0]["targetPort"] == k8s.rendezvous_port(TRAIN_ID)
+    assert rendered["rank-0.yaml"]["spec"]["containers"][0]["ports"][0]["containerPort"] == port
     selected = [
         name
         for name, m in rendered.items()

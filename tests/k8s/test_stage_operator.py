@@ -6,13 +6,15 @@ from __future__ import annotations
 import datetime as dt
 import json
 import sys
+from pathlib import Path
 from types import SimpleNamespace
 
 import kubernetes_validate
 import pytest
+import yaml
 from airflow.providers.cncf.kubernetes.operators.pod import KubernetesPodOperator
 from airflow.sdk.exceptions import AirflowException
-from conftest import make_context
+from conftest import GPU_POOL, make_context
 from kubernetes.client import ApiClient
 from restricted import restricted_violations
 
@@ -59,6 +61,10 @@ def test_the_provider_builds_a_restricted_valid_stage_pod(spec_doc):
     assert command[:4] == ["python", "-m", "pipelines", "preload"]
     assert command[command.index("--try-number") + 1] == "3"
     assert json.loads(command[command.index("--spec") + 1])["kubernetes"]["namespace"] == "ml"
+    # the pool and its profiles go inline: the pod cannot read the Airflow side's files
+    assert json.loads(command[command.index("--pool") + 1]) == yaml.safe_load(Path(GPU_POOL).read_text())
+    profiles = Path(GPU_POOL).with_name("pool-gpu.profiles.json")
+    assert json.loads(command[command.index("--profiles") + 1]) == json.loads(profiles.read_text())
     labels = manifest["metadata"]["labels"]
     # The provider's own task labels and ours agree, so one selector finds stage and rank pods.
     assert labels["run_id"] == k8s.label_value(ctx["run_id"]) and labels["try_number"] == "3"

@@ -1,5 +1,6 @@
 """The local train stage starts the plan's ranks with the one rank command (the one the rank pods
-run too), each on its pool device, and returns rank 0's summary without the per-window history."""
+run too), each on its pool device, and returns rank 0's result (pipelines.train.result) with the
+launcher's facts added; a result of the same inputs is returned without training again."""
 
 from __future__ import annotations
 
@@ -14,7 +15,8 @@ from pipelines.errors import StageError
 from pipelines.rundir import RunDir, write_json
 from pipelines.spec import load_spec
 from pipelines.stages import StageContext, rank_command
-from pipelines.train import stage
+from pipelines.train import stage, trainer
+from pipelines.train.result import stage_result, train_input_key
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -31,22 +33,33 @@ def run_dir(tmp_path) -> RunDir:
 
 def fake_launch(calls: list, returncode: int = 0):
     """Stands in for the local launcher: records what it was asked to start and, like rank 0 of
-    a finished job, writes ``train/summary.json``."""
+    a finished job, writes ``train/summary.json`` and then ``train/result.json`` under the key the
+    trainer computes from its own command line (pipelines.train.trainer.result_key)."""
 
     def launch(command, profiles, job):
         calls.append((command, profiles, job))
-        run = Path(command[command.index("--run-dir") + 1])
+        args = trainer.parse_args(command[command.index("pipelines.train.trainer") + 1 :])
         if returncode == 0:
-            write_json(run / "train" / "summary.json", {"steps": 10, "history": [{}], "checkpoint_saves": []})
+            summary = {"steps": 10, "history": [{}], "checkpoint_saves": []}
+            out = Path(trainer.out_dir(args))
+            write_json(out / "summary.json", summary)
+            write_json(out / "result.json", stage_result(summary, trainer.result_key(args), RunDir(args.run_dir)))
         return local.LaunchResult(returncode, 1 if returncode else None, {}, 1.5, True, "rank 1 exited 3" if returncode else "")
 
     return launch
 
 
+def save_spec(run_dir: RunDir, **fields):
+    """The spec as the stage command saves it in the run directory (the ranks read that file)."""
+    spec = load_spec({"dataset": {"uri": "/data"}, "pool": str(ROOT / "examples" / "pool-local.yaml"), **fields})
+    write_json(run_dir.root / "spec.json", json.loads(spec.to_json()))
+    return spec
+
+
 def test_the_train_stage_launches_the_rank_command_on_the_plan_devices(run_dir, monkeypatch):
     calls: list = []
     monkeypatch.setattr(local, "launch", fake_launch(calls))
-    spec = load_spec({"dataset": {"uri": "/data"}, "pool": str(ROOT / "examples" / "pool-local.yaml")})
+    spec = save_spec(run_dir)
     result = stage.run(spec, run_dir, StageContext(run_id="r1"))
     (command, profiles, job), = calls
     assert command == rank_command(str(run_dir), sys.executable)
@@ -55,10 +68,36 @@ def test_the_train_stage_launches_the_rank_command_on_the_plan_devices(run_dir, 
     assert result["steps"] == 10 and result["quota_enforced"] is True and result["launcher_seconds"] == 1.5
     assert "history" not in result and "checkpoint_saves" not in result
     assert json.loads((run_dir.root / "train" / "summary.json").read_text())["history"] == [{}]
+    # rank 0's result with the launcher's facts added: the stage and the ranks agree on the key
+    stored = json.loads((run_dir.root / "train" / "result.json").read_text())
+    assert result == {**stored, "quota_enforced": True, "launcher_seconds": 1.5}
+    assert stored["input_key"] == train_input_key(spec, run_dir, json.loads((run_dir.root / "estimate" / "plan.json").read_text()))
+
+
+def test_a_completed_result_is_returned_without_training_again(run_dir, monkeypatch):
+    calls: list = []
+    monkeypatch.setattr(local, "launch", fake_launch(calls))
+    spec = save_spec(run_dir)
+    first = stage.run(spec, run_dir, StageContext())
+    write_json(run_dir.result_path("train"), first)  # as `python -m pipelines train` stores it
+    assert stage.run(spec, run_dir, StageContext()) == first and len(calls) == 1
+    write_json(run_dir.result_path("lr_search"), {"learning_rate": 0.01})  # another rate: train again
+    assert stage.run(spec, run_dir, StageContext())["input_key"] != first["input_key"] and len(calls) == 2
+    stage.run(spec, run_dir, StageContext(fresh=True))
+    assert len(calls) == 3 and calls[-1][0][-1] == "--fresh"  # the ranks are told not to return it either
+
+
+def test_ranks_that_leave_no_result_for_these_inputs_fail_the_stage(run_dir, monkeypatch):
+    def launch(command, profiles, job):
+        write_json(run_dir.root / "train" / "result.json", {"input_key": "another run's", "steps": 3})
+        return local.LaunchResult(0, None, {}, 1.0, True, "")
+
+    monkeypatch.setattr(local, "launch", launch)
+    with pytest.raises(StageError, match="rank 0 left no result for these inputs"):
+        stage.run(save_spec(run_dir), run_dir, StageContext())
 
 
 def test_a_failed_rank_fails_the_stage_with_the_launchers_message(run_dir, monkeypatch):
     monkeypatch.setattr(local, "launch", fake_launch([], returncode=3))
-    spec = load_spec({"dataset": {"uri": "/data"}, "pool": str(ROOT / "examples" / "pool-local.yaml")})
     with pytest.raises(StageError, match="training failed: rank 1 exited 3"):
-        stage.run(spec, run_dir, StageContext())
+        stage.run(save_spec(run_dir), run_dir, StageContext())

@@ -1,16 +1,24 @@
-"""The main DAG end to end through ``airflow dags test`` on a tiny dataset (local launcher)."""
+"""The main DAG end to end through ``airflow dags test`` on a tiny dataset, on the local launcher
+and with ``launcher: kubernetes`` against the test cluster (tests/cluster)."""
 
 from __future__ import annotations
 
 import json
 import os
+import re
+import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
+import yaml
 
 ROOT = Path(__file__).resolve().parents[3]
+sys.path.insert(0, str(ROOT / "tests" / "cluster"))  # testcluster: a cluster whose pods run as processes
+if str(ROOT / "plugins") not in sys.path:  # hetero, as Airflow loads it
+    sys.path.insert(0, str(ROOT / "plugins"))
 TRAINER_PY = ROOT / ".venv-trainer" / "bin" / "python"
 AIRFLOW = Path(sys.executable).with_name("airflow")
 
@@ -49,15 +57,20 @@ def dags_test(env, conf: dict, timeout=600):
     )
 
 
-def test_pipeline_runs_end_to_end(airflow_env, tiny_dataset, tmp_path):
-    artifacts = tmp_path / "artifacts"
-    conf = {
-        "dataset": {"uri": str(tiny_dataset)},
-        "training": {"epochs": 2, "global_batch": 64},
-        "artifact_root": str(artifacts),
-    }
+TRAINING = {"epochs": 2, "global_batch": 64}  # the same training on either launcher
+
+
+@pytest.fixture(scope="module")
+def local_run(airflow_env, tiny_dataset, tmp_path_factory):
+    """The DAG run on the local launcher: (its artifact root, the ``airflow dags test`` output)."""
+    artifacts = tmp_path_factory.mktemp("local") / "artifacts"
+    conf = {"dataset": {"uri": str(tiny_dataset)}, "training": TRAINING, "artifact_root": str(artifacts)}
     proc = dags_test(airflow_env, conf)
-    log = proc.stdout + proc.stderr
+    return artifacts, proc.stdout + proc.stderr
+
+
+def test_pipeline_runs_end_to_end(local_run):
+    artifacts, log = local_run
     runs = list((artifacts / "train_pipeline").glob("*"))
     assert len(runs) == 1, log[-5000:]
     run = runs[0]
@@ -74,7 +87,117 @@ def test_pipeline_runs_end_to_end(airflow_env, tiny_dataset, tmp_path):
     analysis = json.loads((run / "analyze" / "result.json").read_text())
     assert analysis["holdout_accuracy"] > 0.3  # well above chance (0.1) after two short epochs
     assert Path(analysis["report"]).is_file()
-    assert "DagRun Finished" in log and "state=success" in log.replace(" ", "").replace("state:success", "state=success")
+    assert succeeded(log)
+    # the run carries its pool: every stage and rank read the copy the spec in the run names
+    assert json.loads((run / "spec.json").read_text())["pool"] == str(run / "pool.json")
+    assert json.loads((run / "pool.json").read_text()) == yaml.safe_load((ROOT / "examples" / "pool-local.yaml").read_text())
+
+
+def succeeded(log: str) -> bool:
+    return "DagRun Finished" in log and "state=success" in log.replace(" ", "").replace("state:success", "state=success")
+
+
+# A pool of small CPU amounts: the slow pod's CPU limit is half the fast one's.  No profiles lie
+# beside the pool file, so the estimate task times the model in one calibration pod per device type.
+K8S_POOL = {"device_types": [
+    {"name": "fast", "count": 1, "memory_gb": 2, "power_watts": 60, "cost_per_hour": 0.1,
+     "kubernetes": {"resources": {"cpu": "1", "memory": "2Gi"}}},
+    {"name": "slow", "count": 1, "memory_gb": 2, "power_watts": 30, "cost_per_hour": 0.05,
+     "kubernetes": {"resources": {"cpu": "500m", "memory": "2Gi"}}},
+]}
+
+
+@pytest.fixture(scope="module")
+def test_cluster(tmp_path_factory):
+    from testcluster import TestCluster
+
+    with TestCluster(tmp_path_factory.mktemp("cluster"), nodes=[{"name": "node-1", "capacity": {"cpu": "4"}}]) as c:
+        yield c
+
+
+@pytest.fixture(scope="module")
+def k8s_run(airflow_env, tiny_dataset, test_cluster, tmp_path_factory):
+    """The DAG run with ``launcher: kubernetes`` on the local run's data:
+    ``(conf, run dir as the test sees it, as the pods see it, the dags-test output)``.
+
+    The pool file lies on the Airflow side only: under /tmp, which in every pod is its own emptyDir."""
+    claim = test_cluster.claim_path("artifacts")
+    shutil.copytree(tiny_dataset, claim / "data" / "shapes")  # on the shared volume
+    pool = tmp_path_factory.mktemp("pool") / "pool-k8s.yaml"
+    pool.write_text(yaml.safe_dump(K8S_POOL))
+    conf = {
+        "dataset": {"uri": "/mnt/artifacts/data/shapes"},
+        "training": TRAINING,
+        "pool": str(pool),
+        "launcher": "kubernetes",
+        "artifact_root": "/mnt/artifacts",
+        "kubernetes": {"artifact_volume_claim": "artifacts", "kubernetes_conn_id": "test_cluster",
+                       "scheduling_timeout_s": 60, "image_pull_timeout_s": 60},
+    }
+    env = dict(airflow_env)
+    env.update([test_cluster.airflow_conn("test_cluster")])
+    started = time.monotonic()
+    proc = dags_test(env, conf)
+    print(f"\nkubernetes DAG run: {time.monotonic() - started:.0f} s")
+    log = proc.stdout + proc.stderr
+    runs = list((claim / "train_pipeline").glob("*"))
+    assert len(runs) == 1 and succeeded(log), log[-8000:]
+    return conf, runs[0], f"/mnt/artifacts/train_pipeline/{runs[0].name}", log
+
+
+def test_pipeline_runs_end_to_end_on_kubernetes(k8s_run, local_run, test_cluster):
+    """preload, estimate, lr_search and analyze as stage pods, train as a gang of a fast and a slow
+    rank pod running Horovod over Gloo through the rendezvous Service, all on the test cluster."""
+    _, run, pod_run, log = k8s_run
+    plan = json.loads((run / "estimate" / "plan.json").read_text())
+    assert [r["device"] for r in plan["ranks"]] == ["fast", "slow"]
+    # the gang's result is rank 0's: the result.json the trainer wrote, also its last log line
+    train = json.loads((run / "train" / "result.json").read_text())
+    assert [r["device"] for r in train["ranks"]] == ["fast", "slow"] and train["global_batch"] == 64
+    assert sum(r["batch"] for r in train["ranks"]) == 64 and train["run_dir"] == pod_run
+    assert json.dumps(train, sort_keys=True) in log  # the task log streamed rank 0's result line
+    analysis = json.loads((run / "analyze" / "result.json").read_text())
+    assert analysis["report"] == f"{pod_run}/analyze/report.html" and (run / "analyze" / "report.html").is_file()
+    local_artifacts, _ = local_run
+    local = json.loads(next((local_artifacts / "train_pipeline").glob("*/analyze/result.json")).read_text())
+    print(f"held-out accuracy: kubernetes {analysis['holdout_accuracy']:.3f}, local {local['holdout_accuracy']:.3f}")
+    assert abs(analysis["holdout_accuracy"] - local["holdout_accuracy"]) < 0.15, (analysis, local)
+    assert test_cluster.client().list_namespaced_pod("default").items == []  # the gang and stage pods are gone
+    assert test_cluster.leftover_pids() == []
+
+
+def test_the_kubernetes_run_carries_its_pool_and_calibrates_where_the_devices_are(k8s_run):
+    """The stage pods wrote the pool into the run directory and every pod read it there; the
+    estimate planned from what one calibration pod per device type measured."""
+    _, run, pod_run, log = k8s_run
+    assert json.loads((run / "spec.json").read_text())["pool"] == f"{pod_run}/pool.json"
+    assert json.loads((run / "pool.json").read_text()) == K8S_POOL
+    assert not (run / "pool.profiles.json").exists()
+    estimate = json.loads((run / "estimate" / "result.json").read_text())
+    assert {name: p["source"] for name, p in estimate["profiles"].items()} == {"fast": "calibration pod", "slow": "calibration pod"}
+    for device in ("fast", "slow"):
+        profile = json.loads((run / "estimate" / "calibration" / f"profile-{device}.json").read_text())
+        assert profile["device"] == device and profile["per_sample_s"] > 0
+    assert "Created pod cal-" in log  # the calibration gang, before the estimate stage's pod
+
+
+def test_a_later_train_try_returns_the_stored_result(k8s_run, test_cluster, monkeypatch):
+    """The train task's next try starts the gang again; its ranks find the result of the same
+    inputs on the shared volume and return it without training (nothing in train/ is rewritten)."""
+    from types import SimpleNamespace
+
+    from hetero.kubernetes_job import HorovodJobOperator
+
+    conf, run, _, log = k8s_run
+    run_id = re.search(r"DagRun Finished: dag_id=train_pipeline, .*?run_id=([^,]+),", log)[1]
+    monkeypatch.setenv(*test_cluster.airflow_conn("test_cluster"))
+    before = {p: p.stat().st_mtime_ns for p in (run / "train").glob("*.json")}
+    stored = json.loads((run / "train" / "result.json").read_text())
+    ti = SimpleNamespace(dag_id="train_pipeline", task_id="train", try_number=2, map_index=-1, run_id=run_id)
+    op = HorovodJobOperator(task_id="train", spec_json=conf, plan=str(run / "estimate" / "plan.json"), poll_interval=0.5)
+    result = op.execute({"ti": ti, "run_id": run_id, "dag_run": None})
+    assert result == {**stored, "launcher_seconds": result["launcher_seconds"]}
+    assert {p: p.stat().st_mtime_ns for p in (run / "train").glob("*.json")} == before
 
 
 def test_bad_params_fail_before_any_work(airflow_env, tiny_dataset, tmp_path):

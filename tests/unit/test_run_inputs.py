@@ -1,0 +1,83 @@
+"""The run carries its inputs: the stage command copies the pool (and its profiles override) into
+the run directory beside spec.json, from a file or from the inline documents the operators pass
+(pipelines.stages.run_inputs), and the saved spec names the copy."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+
+from pipelines.__main__ import save_inputs
+from pipelines.rundir import RunDir
+from pipelines.spec import SpecError, load_pool, load_spec, pool_profiles_path
+from pipelines.stages import StageContext, run_inputs, stage_command
+
+ROOT = Path(__file__).resolve().parents[2]
+POOL = {"device_types": [{"name": "fast", "count": 1, "memory_gb": 2, "power_watts": 10, "cost_per_hour": 1}]}
+PROFILES = {"fast": {"fixed_s": 0.01, "per_sample_s": 0.001}}
+
+
+@pytest.fixture
+def pool_file(tmp_path) -> Path:
+    path = tmp_path / "side" / "pool-test.yaml"
+    path.parent.mkdir()
+    path.write_text(yaml.safe_dump(POOL))
+    (path.parent / "pool-test.profiles.json").write_text(json.dumps(PROFILES))
+    return path
+
+
+def spec_with(pool: str):
+    return load_spec({"dataset": {"uri": "/data"}, "pool": pool})
+
+
+def test_a_pool_file_and_its_profiles_are_copied_into_the_run(tmp_path, pool_file):
+    rd = RunDir(tmp_path / "run")
+    spec = save_inputs(spec_with(str(pool_file)), rd)
+    assert spec.pool == str(rd.root / "pool.json") == str(rd.pool_path)
+    assert load_pool(spec.pool) == load_pool(str(pool_file))
+    # where the estimate stage looks for the override of the run's pool
+    assert json.loads(pool_profiles_path(spec.pool).read_text()) == PROFILES
+
+
+def test_the_inline_documents_a_pod_gets_are_written_the_same(tmp_path, pool_file):
+    inputs = run_inputs(str(pool_file))
+    assert inputs == {"pool": POOL, "profiles": PROFILES}
+    command = stage_command("estimate", "{}", "/mnt/run", StageContext(), inputs=inputs)
+    pool_arg, profiles_arg = (command[command.index(o) + 1] for o in ("--pool", "--profiles"))
+    rd = RunDir(tmp_path / "run")
+    spec = save_inputs(spec_with("/airflow/side/only.yaml"), rd, pool_arg, profiles_arg)
+    assert json.loads(Path(spec.pool).read_text()) == POOL
+    assert json.loads(pool_profiles_path(spec.pool).read_text()) == PROFILES
+
+
+def test_a_pool_without_profiles_leaves_none_from_an_earlier_pool(tmp_path, pool_file):
+    rd = RunDir(tmp_path / "run")
+    save_inputs(spec_with(str(pool_file)), rd)
+    other = tmp_path / "other.yaml"
+    other.write_text(yaml.safe_dump(POOL))
+    spec = save_inputs(spec_with(str(other)), rd)
+    assert not pool_profiles_path(spec.pool).exists()
+    assert run_inputs(str(other)) == {"pool": POOL}
+
+
+def test_the_saved_spec_reads_back_its_own_copies(tmp_path, pool_file):
+    rd = RunDir(tmp_path / "run")
+    first = save_inputs(spec_with(str(pool_file)), rd)
+    again = save_inputs(first, rd)  # a later stage run with the saved spec.json
+    assert again == first and json.loads(pool_profiles_path(again.pool).read_text()) == PROFILES
+
+
+def test_a_relative_pool_is_read_under_the_base():
+    assert run_inputs("examples/pool-local.yaml", base=ROOT)["pool"] == yaml.safe_load(
+        (ROOT / "examples" / "pool-local.yaml").read_text()
+    )
+
+
+def test_a_bad_pool_fails_naming_it(tmp_path):
+    with pytest.raises(SpecError, match="nowhere.yaml: pool file not found"):
+        save_inputs(spec_with(str(tmp_path / "nowhere.yaml")), RunDir(tmp_path / "run"))
+    with pytest.raises(SpecError, match=r"pool \(inline JSON\): 1 invalid field\(s\)\n  device_types"):
+        save_inputs(spec_with("x"), RunDir(tmp_path / "run"), pool='{"device_types": []}')
