@@ -21,12 +21,13 @@ def plan_path(run_dir: RunDir) -> Path:
     return run_dir.root / "estimate" / PLAN_FILE
 
 
-def run_plan(run_dir: RunDir) -> dict[str, Any]:
-    """The plan the estimate stage wrote into ``run_dir``; a clear error when it has not run."""
+def run_plan(run_dir: RunDir, pool: PoolSpec | None = None) -> dict[str, Any]:
+    """The plan the estimate stage wrote into ``run_dir`` (checked against ``pool`` when given);
+    a clear error when it has not run."""
     path = plan_path(run_dir)
     if not path.is_file():
         raise SpecError(f"{path}: no plan; run the estimate stage first")
-    return load_plan(path)
+    return load_plan(path, pool=pool)
 
 
 def load_plan(source: str | dict[str, Any] | Path, pool: PoolSpec | None = None) -> dict[str, Any]:

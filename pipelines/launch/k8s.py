@@ -48,7 +48,7 @@ from pipelines.launch.rendezvous import (
 )
 from pipelines.plan import check_plan
 from pipelines.rundir import safe_component
-from pipelines.spec import DeviceType, JobSpec, PoolSpec, SpecError
+from pipelines.spec import DeviceType, JobSpec, PoolSpec, SpecError, check_kubernetes
 from pipelines.stages import StageContext, calibration_command, rank_command, stage_command
 
 __all__ = [
@@ -63,7 +63,6 @@ __all__ = [
     "container_security_context",
     "artifact_mount_path",
     "pod_run_dir",
-    "storage_problem",
     "rendezvous_service_name",
     "rendezvous_address",
     "rendezvous_port",
@@ -225,16 +224,6 @@ def pod_run_dir(spec: JobSpec, identity: Identity) -> str:
     return f"{base}/{safe_component(identity.dag_id)}/{safe_component(identity.run_id)}"
 
 
-def storage_problem(spec: JobSpec) -> str | None:
-    """Why pods could not share the run directory, or None when they can."""
-    if spec.kubernetes.artifact_volume_claim is None and not _is_uri(spec.artifact_root):
-        return (
-            f"artifact_root {spec.artifact_root!r} is a local path but kubernetes.artifact_volume_claim is not "
-            "set: pods need a shared (ReadWriteMany) volume, or an object-storage artifact_root"
-        )
-    return None
-
-
 def _volumes(spec: JobSpec, *, shm: bool) -> tuple[list[dict], list[dict]]:
     volumes: list[dict] = [{"name": "tmp", "emptyDir": {"sizeLimit": "4Gi"}}]
     mounts: list[dict] = [{"name": "tmp", "mountPath": "/tmp"}]
@@ -317,7 +306,7 @@ def _container(
 ):
     container: dict[str, Any] = {
         "name": name,
-        "image": spec.kubernetes.image,
+        "image": spec.kubernetes.image_for(resources),  # gpu_image where the pod requests a GPU
         "imagePullPolicy": spec.kubernetes.image_pull_policy,
         "command": command,
         "workingDir": WORKDIR,
@@ -400,8 +389,9 @@ def _kueue(spec: JobSpec, labels: dict, annotations: dict, group: str | None, to
 
 
 def _check_plan(plan: dict[str, Any], pool: PoolSpec) -> list[dict[str, Any]]:
-    """The plan's ranks in rank order; each numbered once from 0 and on a device type of ``pool``."""
-    ranks = check_plan(plan)["ranks"]
+    """The plan's ranks in rank order; each numbered once from 0, on a device type of ``pool``, no
+    type with more ranks than its ``count``."""
+    ranks = check_plan(plan, pool=pool)["ranks"]
     for i, r in enumerate(ranks):
         rank = r.get("rank")
         if not isinstance(rank, int) or isinstance(rank, bool):
@@ -487,7 +477,9 @@ def job_manifests(
     *,
     fresh: bool = False,
 ) -> dict[str, Any]:
-    """``{"service": <Service>, "pods": [<rank pods>]}`` for one try of a Horovod job."""
+    """``{"service": <Service>, "pods": [<rank pods>]}`` for one try of a Horovod job; a spec or pool
+    the cluster could not run (storage, GPU image) is refused first (:func:`check_kubernetes`)."""
+    check_kubernetes(spec, pool)
     return {
         "service": rendezvous_service_manifest(spec, identity),
         "pods": rank_pod_manifests(spec, pool, plan, identity, run_dir, fresh=fresh),
@@ -520,6 +512,7 @@ def stage_pod_manifest(
     """
     if stage not in POD_STAGES:
         raise SpecError(f"stage {stage!r} does not run as a single pod; choose from {list(POD_STAGES)}")
+    check_kubernetes(spec, pool)  # the same storage rule as the rank pods
     ctx = ctx or StageContext(dag_id=identity.dag_id, run_id=identity.run_id, try_number=identity.try_number)
     run_dir = run_dir or pod_run_dir(spec, identity)
     command = stage_command(stage, spec_arg or spec.to_json(), run_dir, ctx, inputs=inputs)
@@ -576,6 +569,7 @@ def calibration_pod_manifests(
     ``identity`` is the estimate task's; the pods carry :func:`calibration_identity` and a ``rank``
     label each, so the gang rules of the Horovod job (all succeed, or all are deleted) apply.
     """
+    check_kubernetes(spec, pool)
     run_dir = run_dir or pod_run_dir(spec, identity)
     ident = calibration_identity(identity)
     volumes, mounts = _volumes(spec, shm=False)

@@ -1,9 +1,10 @@
 """``python -m pipelines render``: write every manifest a job would create, without a cluster.
 
 Output (one YAML document per file): ``service.yaml`` (the rendezvous Service), ``rank-<r>.yaml``
-(one pod per rank of the plan) and ``stage-<stage>.yaml`` (preload, estimate, lr_search and analyze
-pods, which carry the pool and its profiles inline, as the operators' pods do).  Pods are named and labelled as the Airflow operators would for ``--dag-id``/``--run-id``,
-try 1.
+(one pod per rank of the plan), ``stage-<stage>.yaml`` (preload, estimate, lr_search and analyze
+pods, which carry the pool and its profiles inline, as the operators' pods do) and
+``calibration-<device>.yaml`` (the estimate task's calibration pods).  Pods are named and
+labelled as the Airflow operators would for ``--dag-id``/``--run-id``, try 1.
 """
 
 from __future__ import annotations
@@ -46,6 +47,9 @@ def render_job(
         ident = k8s.Identity(dag_id=dag_id, run_id=run_id, task_id=stage)  # task id == stage name
         ctx = StageContext(dag_id=dag_id, run_id=run_id, try_number=1)
         out[f"stage-{stage}.yaml"] = k8s.stage_pod_manifest(spec, stage, ident, ctx=ctx, inputs=inputs)
+    estimate = k8s.Identity(dag_id=dag_id, run_id=run_id, task_id="estimate")
+    for pod in k8s.calibration_pod_manifests(spec, pool, estimate):  # before the estimate stage's pod
+        out[f"calibration-{pod['metadata']['labels']['device_type']}.yaml"] = pod
     return out
 
 
@@ -65,9 +69,4 @@ def render_cli(args: argparse.Namespace) -> dict[str, Any]:
     """Entry point of ``python -m pipelines render`` (args: spec, pool, plan, out, dag_id, run_id)."""
     manifests = render_job(args.spec, args.pool, args.plan, dag_id=args.dag_id, run_id=args.run_id)
     files = write_manifests(manifests, args.out)
-    spec = load_spec(args.spec)
-    result: dict[str, Any] = {"out": str(Path(args.out).absolute()), "files": files, "count": len(files)}
-    problem = k8s.storage_problem(spec)
-    if problem:
-        result["warnings"] = [problem]
-    return result
+    return {"out": str(Path(args.out).absolute()), "files": files, "count": len(files)}

@@ -14,7 +14,7 @@ import sys
 from pipelines.errors import StageError
 from pipelines.plan import run_plan
 from pipelines.rundir import RunDir
-from pipelines.spec import JobSpec
+from pipelines.spec import JobSpec, load_pool
 from pipelines.stages import StageContext, rank_command
 from pipelines.train.result import STAGE, completed, train_input_key
 
@@ -24,7 +24,7 @@ log = logging.getLogger(__name__)
 def run(spec: JobSpec, run_dir: RunDir, ctx: StageContext) -> dict:
     from pipelines.launch.local import launch, profiles_from_pool
 
-    plan = run_plan(run_dir)
+    plan = run_plan(run_dir, pool=load_pool(spec.pool))  # no more ranks of a type than the pool has
     key = train_input_key(spec, run_dir, plan)
     out = run_dir.root / STAGE
     if not ctx.fresh and (done := completed(out, key)):

@@ -29,11 +29,11 @@ class CalibrationPodsOperator(HorovodJobOperator):
     ui_color = "#e4ecf7"
 
     def build_manifests(self, identity: k8s.Identity) -> tuple[Any, dict[str, Any]]:
-        from pipelines.spec import check_kubernetes, load_pool, load_spec
+        from hetero.stage_runner import carried_inputs
+        from pipelines.spec import load_pool, load_spec
 
         spec = load_spec(self.spec_json)
-        pool = load_pool(self.pool if self.pool is not None else spec.pool)
-        check_kubernetes(spec, pool)
+        pool = load_pool(carried_inputs(spec, self.pool)["pool"])
         pods = k8s.calibration_pod_manifests(spec, pool, identity, self.run_dir or None)
         return spec, {"service": None, "pods": pods}
 

@@ -636,9 +636,6 @@ class HorovodJobOperator(BaseOperator):
     def execute(self, context: Context) -> dict[str, Any]:
         identity = identity_from_context(context)
         spec, service, pods = self.build_pods(identity)
-        problem = k8s.storage_problem(spec)
-        if problem:
-            raise AirflowException(problem)
         self.log.info(
             "Horovod job: %d ranks in namespace %s; find the pods with: kubectl get pods -n %s -l %s",
             len(pods),

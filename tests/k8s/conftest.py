@@ -32,6 +32,7 @@ def spec_doc() -> dict:
             "secret_name": "s3-credentials",
             "scheduling_timeout_s": 60,
             "image_pull_timeout_s": 120,
+            "gpu_image": "hetero-pipelines-trainer:0.1.0-gpu",  # the GPU pool's ranks
         },
     }
 

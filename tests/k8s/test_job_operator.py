@@ -313,7 +313,7 @@ def test_the_pod_template_file_is_merged_under_the_pods(tmp_path, spec_doc, mixe
     assert pod.metadata.labels["team"] == "ml" and pod.metadata.labels["rank"] == "1"
     env = {e.name: e.value for e in pod.spec.containers[0].env}
     assert env["NCCL_DEBUG"] == "WARN" and env["HOROVOD_RANK"] == "1"
-    assert pod.spec.containers[0].image == "hetero-pipelines-trainer:0.1.0"
+    assert pod.spec.containers[0].image == "hetero-pipelines-trainer:0.1.0-gpu"  # a GPU rank: kubernetes.gpu_image
 
 
 def test_build_pod_runs_the_cluster_policy(monkeypatch, spec_doc, mixed_plan):

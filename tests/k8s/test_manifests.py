@@ -40,7 +40,7 @@ def rendered(spec_doc, mixed_plan) -> dict[str, dict]:
 def test_every_manifest_validates_against_the_kubernetes_schema(rendered, spec_doc):
     local = dict(spec_doc, pool=LOCAL_POOL, training={"global_batch": "auto"})
     manifests = list(rendered.values()) + list(render_job(local).values())
-    assert len(manifests) == 1 + 3 + 4 + 1 + 2 + 4
+    assert len(manifests) == (1 + 3 + 4 + 3) + (1 + 2 + 4 + 2)  # Service, ranks, stage pods, calibration pods
     for manifest in manifests:
         kubernetes_validate.validate(manifest, K8S_VERSION, strict=True)
 
@@ -54,7 +54,7 @@ def test_schema_validation_catches_a_broken_manifest(rendered):
 
 def test_every_pod_meets_the_restricted_pod_security_standard(rendered):
     pods = [m for m in rendered.values() if m["kind"] == "Pod"]
-    assert len(pods) == 7
+    assert len(pods) == 3 + 4 + 3
     for pod in pods:
         assert restricted_violations(pod) == [], pod["metadata"]["name"]
         sc = pod["spec"]["containers"][0]["securityContext"]
@@ -267,12 +267,15 @@ def test_load_plan_accepts_files_results_and_python_literals(tmp_path, mixed_pla
         load_plan(str(tmp_path / "missing.json"))
 
 
-def test_storage_problem_without_a_shared_volume(spec_doc):
-    assert k8s.storage_problem(load_spec(spec_doc)) is None
+def test_no_manifest_without_a_shared_volume(spec_doc, mixed_plan):
     spec_doc["kubernetes"].pop("artifact_volume_claim")
     with pytest.raises(SpecError, match="artifact_volume_claim: required with launcher kubernetes"):
-        load_spec(spec_doc)  # the spec itself refuses it now (tests/k8s/test_validation.py)
-    assert "artifact_volume_claim" in k8s.storage_problem(load_spec(dict(spec_doc, launcher="local")))
+        load_spec(spec_doc)  # the spec itself refuses it (tests/k8s/test_validation.py)
+    local = dict(spec_doc, launcher="local")  # valid as a local job, but its pods could not share a run
+    for render in (lambda: render_job(local, GPU_POOL, mixed_plan),
+                   lambda: k8s.stage_pod_manifest(load_spec(local), "preload", k8s.Identity())):
+        with pytest.raises(SpecError, match="artifact_volume_claim"):
+            render()
     with pytest.raises(SpecError, match="artifact_root: 's3://bucket/runs' is a remote URI"):
         load_spec(dict(spec_doc, artifact_root="s3://bucket/runs"))  # preload could not use it
 
@@ -293,7 +296,7 @@ def test_render_cli_writes_yaml_without_a_cluster(tmp_path, spec_doc, mixed_plan
     assert main([*argv, "--out", str(out), "--run-id", RUN_ID]) == 0
     result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     names = sorted(p.name for p in out.iterdir())
-    assert result["count"] == len(names) == 8
+    assert result["count"] == len(names) == 11
     assert "rank-2.yaml" in names and "stage-lr_search.yaml" in names
     pod = yaml.safe_load((out / "rank-1.yaml").read_text())
     assert pod["metadata"]["annotations"]["hetero.io/run-id"] == RUN_ID

@@ -54,6 +54,7 @@ def test_the_pool_refuses_malformed_quantities(tmp_path):
 
 
 def test_a_gpu_pool_needs_the_gpu_image(spec_doc):
+    spec_doc = _set(spec_doc, "kubernetes.gpu_image", None)
     spec, pool = load_spec(spec_doc), load_pool(GPU_POOL)
     with pytest.raises(SpecError) as e:
         check_kubernetes(spec, pool)
