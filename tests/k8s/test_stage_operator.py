@@ -48,7 +48,13 @@ def pod_command(op: StagePodOperator) -> list[str]:
     return list(op.full_pod_spec.spec.containers[0].command)
 
 
-def test_the_provider_builds_a_restricted_valid_stage_pod(spec_doc):
+def test_the_provider_builds_a_restricted_valid_stage_pod(spec_doc, tmp_path):
+    pool = tmp_path / "pool-gpu.yaml"  # with measured profiles beside it
+    pool.write_text(Path(GPU_POOL).read_text())
+    profiles = {"model": "small_cnn", "a100": {"fixed_s": 0.004, "per_sample_s": 0.00002},
+                "v100": {"fixed_s": 0.005, "per_sample_s": 0.00004}, "t4": {"fixed_s": 0.006, "per_sample_s": 0.00011}}
+    pool.with_name("pool-gpu.profiles.json").write_text(json.dumps(profiles))
+    spec_doc["pool"] = str(pool)
     op = StagePodOperator(task_id="preload", stage="preload", spec_json=json.dumps(spec_doc))
     ctx = task_context(try_number=3)
     op.prepare(ctx)
@@ -63,8 +69,7 @@ def test_the_provider_builds_a_restricted_valid_stage_pod(spec_doc):
     assert json.loads(command[command.index("--spec") + 1])["kubernetes"]["namespace"] == "ml"
     # the pool and its profiles go inline: the pod cannot read the Airflow side's files
     assert json.loads(command[command.index("--pool") + 1]) == yaml.safe_load(Path(GPU_POOL).read_text())
-    profiles = Path(GPU_POOL).with_name("pool-gpu.profiles.json")
-    assert json.loads(command[command.index("--profiles") + 1]) == json.loads(profiles.read_text())
+    assert json.loads(command[command.index("--profiles") + 1]) == profiles
     labels = manifest["metadata"]["labels"]
     # The provider's own task labels and ours agree, so one selector finds stage and rank pods.
     assert labels["run_id"] == k8s.label_value(ctx["run_id"]) and labels["try_number"] == "3"
