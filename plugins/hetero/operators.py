@@ -36,7 +36,10 @@ class PipelineStageOperator(BaseOperator):
             from hetero.kubernetes_job import HorovodJobOperator
 
             estimate = context["ti"].xcom_pull(task_ids=self.plan_task_id) or {}
-            self._delegate = HorovodJobOperator(task_id=self.task_id, spec_json=spec.to_json(), plan=estimate.get("plan"))
+            self._delegate = HorovodJobOperator(
+                task_id=self.task_id, spec_json=spec.to_json(), plan=estimate.get("plan"),
+                deferrable=spec.kubernetes.deferrable,
+            )
         else:
             from hetero.kubernetes_stage import StagePodOperator
 
@@ -44,6 +47,15 @@ class PipelineStageOperator(BaseOperator):
                 self.calibrate_on_kubernetes(spec, context)
             self._delegate = StagePodOperator(task_id=self.task_id, stage=self.stage, spec_json=spec.to_json())
         return self._delegate.execute(context)
+
+    def execute_complete(self, context, event: dict) -> dict:
+        """Resume the train gang after its deferred wait (``kubernetes.deferrable``; see
+        :meth:`hetero.kubernetes_job.HorovodJobOperator.execute_complete`)."""
+        from hetero.kubernetes_job import HorovodJobOperator
+
+        spec = validate_params(context["params"])
+        self._delegate = HorovodJobOperator(task_id=self.task_id, spec_json=spec.to_json(), deferrable=True)
+        return self._delegate.execute_complete(context, event)
 
     def calibrate_on_kubernetes(self, spec, context) -> None:
         """One calibration pod per device type, in parallel, before the estimate stage's pod; skipped
