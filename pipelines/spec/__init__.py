@@ -252,9 +252,9 @@ class KubernetesSpec(_Strict):
     keep_failed_pods: bool = Field(False, description="Leave failed pods for inspection instead of deleting them.")
     deferrable: bool = Field(
         True,
-        description="Hand the train gang's wait to the Airflow triggerer (no worker slot is held while the ranks "
-        "run); the task resumes to collect rank 0's result and delete the pods. Needs a running triggerer; "
-        "false polls in the worker.",
+        description="Hand the wait for the train gang's rank pods and for the stage pods to the Airflow triggerer "
+        "(no worker slot is held while they run); the task resumes to collect the result and delete the pods. "
+        "Needs a running triggerer; false waits in the worker.",
     )
     kueue_queue: str | None = Field(
         None,

@@ -1,7 +1,8 @@
 """The deferrable train gang on the test cluster (tests/cluster), through the real ``kubernetes``
 client: ``execute`` creates the rank pods and defers, :class:`hetero.triggers.GangTrigger` waits for
 them, ``execute_complete`` returns rank 0's result (or raises the rank's error) and deletes
-everything.  The rank pods run short Python commands instead of the trainer."""
+everything; a stage pod in the provider's deferrable mode returns its result line.  The pods run
+short Python commands instead of the trainer and the stage."""
 
 from __future__ import annotations
 
@@ -162,3 +163,56 @@ def test_the_trigger_serializes_to_its_classpath_and_json(tmp_path, kube, kube_c
     assert first_event(again)["status"] == "success"  # the rebuilt trigger watches the same pods
     op.execute_complete(context, first_event(again))
     assert_all_gone(kube)
+
+
+# ------------------------------------------------------------------------ stage pods (provider)
+
+
+def stage_operator(tmp_path, conn: str, code: str):
+    """A deferrable stage pod whose container runs ``code`` instead of the stage command."""
+    from hetero.kubernetes_stage import StagePodOperator
+
+    op = make_operator(tmp_path, conn)  # the same spec
+    stage = StagePodOperator(task_id="preload", stage="preload", spec_json=op.spec_json, deferrable=True,
+                             poll_interval=0.3, startup_check_interval_seconds=1)
+    deserialize = stage._deserialize
+
+    def simple(manifest):
+        pod = deserialize(manifest)
+        pod.spec.containers[0].command, pod.spec.containers[0].args = ["python", "-u", "-c", code], None
+        return pod
+
+    stage._deserialize = simple
+    return stage
+
+
+def stage_context(run_id: str) -> dict:
+    from types import SimpleNamespace
+
+    context = make_context(dag_id="cluster_test", task_id="preload", run_id=run_id)
+    context["ti"].xcom_push = lambda key, value, **_: None
+    context["dag"] = SimpleNamespace(dag_id="cluster_test")
+    return context
+
+
+def test_a_deferred_stage_pod_returns_its_result_line(tmp_path, kube, kube_conn):
+    stage = stage_operator(tmp_path, kube_conn, "import time; time.sleep(1); print('reading'); print('{\"rows\": 7}')")
+    context = stage_context("manual__stage")
+    trigger = defer(stage, context)
+    assert type(trigger).__name__ == "KubernetesPodTrigger"  # the provider's deferrable mode
+    event = first_event(trigger)
+    assert event["status"] == "success"
+    assert stage.execute_complete(context, event) == {"rows": 7}
+    assert kube.list_namespaced_pod("default").items == []
+
+
+def test_a_failed_deferred_stage_pod_fails_the_task_and_is_deleted(tmp_path, kube, kube_conn):
+    from airflow.sdk.exceptions import AirflowException
+
+    stage = stage_operator(tmp_path, kube_conn, "import sys, time; time.sleep(1); print('bad input'); sys.exit(2)")
+    context = stage_context("manual__stagefail")
+    event = first_event(defer(stage, context))
+    assert event["status"] == "failed"
+    with pytest.raises(AirflowException, match="returned a failure"):  # as the provider's sync path says
+        stage.execute_complete(context, event)
+    assert kube.list_namespaced_pod("default").items == []
