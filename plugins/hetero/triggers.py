@@ -91,6 +91,7 @@ class GangTrigger(BaseTrigger):
         self.in_cluster = in_cluster
         self.config_file = config_file
         self.cluster_context = cluster_context
+        self.fired = False  # the event was yielded: the resumed task cleans up, not on_kill
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
         return CLASSPATH, {
@@ -135,7 +136,19 @@ class GangTrigger(BaseTrigger):
         return gang
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
-        yield TriggerEvent(await self.outcome())
+        event = await self.outcome()
+        self.fired = True
+        yield TriggerEvent(event)
+
+    async def on_kill(self) -> None:
+        """The deferred task was killed (marked failed, cleared): delete every pod and the Service,
+        as ``HorovodJobOperator.on_kill`` does for a running task.  After the event the resumed
+        task cleans up instead."""
+        if self.fired:
+            return
+        self.log.info("Task killed while deferred: deleting every pod and the Service of this job")
+        gang = await asyncio.to_thread(self.make_gang)
+        await asyncio.to_thread(gang.kill)
 
     async def outcome(self) -> dict[str, Any]:
         """Poll until the gang's fate is known; the event payload."""

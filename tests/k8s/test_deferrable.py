@@ -148,6 +148,14 @@ def test_a_vanished_pod_ends_the_wait_with_the_gangs_error(tmp_path, kube, kube_
     assert_all_gone(kube)
 
 
+def test_killing_the_deferred_task_deletes_every_pod_and_the_service(tmp_path, kube, kube_conn):
+    op = make_operator(tmp_path, kube_conn)
+    trigger = defer(op, make_context(dag_id="cluster_test", run_id="manual__kill"))
+    assert len(kube.list_namespaced_pod("default").items) == 2
+    asyncio.run(trigger.on_kill())  # the triggerer's call when a user kills a deferred task
+    assert_all_gone(kube)
+
+
 def test_the_trigger_serializes_to_its_classpath_and_json(tmp_path, kube, kube_conn):
     op = make_operator(tmp_path, kube_conn)
     context = make_context(dag_id="cluster_test", run_id="manual__serialize")
