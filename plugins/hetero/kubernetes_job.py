@@ -743,10 +743,14 @@ class HorovodJobOperator(BaseOperator):
         spec = load_spec(self.spec_json)
         self._gang = gang = self.make_gang(self.get_core_v1(spec), spec, identity_from_context(context), None, [])
         try:
+            if event.get("status") != "success":
+                try:
+                    gang.log_rank0_tail(gang.this_try_pods())
+                except Exception as e:  # the gang's error matters more than rank 0's last lines
+                    self.log.warning("Reading rank 0's last lines failed: %s", e)
+                raise error_from_event(event)
             pods = gang.this_try_pods()
             gang.log_rank0_tail(pods)
-            if event.get("status") != "success":
-                raise error_from_event(event)
             if 0 not in pods:
                 raise GangError(f"every rank succeeded but rank 0's pod is gone; pods left: {sorted(pods)}")
             result = gang.outcome(pods, float(event.get("seconds", 0.0)))
