@@ -250,6 +250,12 @@ class KubernetesSpec(_Strict):
     scheduling_timeout_s: int = Field(600, ge=10, description="How long all ranks may wait to be scheduled.")
     image_pull_timeout_s: int = Field(900, ge=10, description="How long image pulls may take once scheduled.")
     keep_failed_pods: bool = Field(False, description="Leave failed pods for inspection instead of deleting them.")
+    deferrable: bool = Field(
+        True,
+        description="Hand the wait for the train gang's rank pods and for the stage pods to the Airflow triggerer "
+        "(no worker slot is held while they run); the task resumes to collect the result and delete the pods. "
+        "Needs a running triggerer; false waits in the worker.",
+    )
     kueue_queue: str | None = Field(
         None,
         description="Kueue LocalQueue name for gang admission, if the cluster has Kueue (a DNS-1123 subdomain of "

@@ -17,6 +17,11 @@ owns the whole gang of one task try:
    result, the last JSON line rank 0 printed (``pipelines.train.result``), and deletes everything;
    on kill deletes everything.
 
+Deferrable (``deferrable=True``; the train task passes the spec's ``kubernetes.deferrable``): after
+step 2 the wait of steps 3-4 runs in the triggerer (:class:`hetero.triggers.GangTrigger`, through
+the same :meth:`HorovodGang.poll`), so no worker slot is held; ``execute_complete`` writes rank 0's
+last lines into the task log, returns the result or raises the same error, and deletes everything.
+
 All cluster calls go through a ``CoreV1Api``-like object (see :class:`CoreV1Like`), so tests can
 substitute a fake that returns ``kubernetes.client`` model objects.
 """
@@ -24,6 +29,7 @@ substitute a fake that returns ``kubernetes.client`` model objects.
 from __future__ import annotations
 
 import collections
+import dataclasses
 import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
@@ -43,6 +49,7 @@ if TYPE_CHECKING:
 __all__ = [
     "CoreV1Like",
     "GangError",
+    "GangWatch",
     "PodStartError",
     "RankPodFailed",
     "HorovodGang",
@@ -212,6 +219,18 @@ def identity_from_context(context: Context) -> k8s.Identity:
 # ---------------------------------------------------------------------------------- the gang
 
 
+@dataclasses.dataclass
+class GangWatch:
+    """What one wait remembers between polls: when it began, the ranks' pod names, when each
+    pending pod was first seen scheduled, and whether "all running" was logged."""
+
+    start: float
+    want: dict[int, str]
+    scheduled_at: dict[int, float] = dataclasses.field(default_factory=dict)
+    all_running: bool = False
+
+
+
 class HorovodGang:
     """One try of a Horovod job on Kubernetes: create or re-attach, watch, clean up.
 
@@ -252,6 +271,7 @@ class HorovodGang:
         self.clock = clock
         self.sleep = sleep
         self.killed = False
+        self.stream_logs = True  # copy rank 0's new log lines into the task log while polling
         self.reattached: list[str] = []
         self._log_last_ts: Any = None
         self._log_seen_at_last: set[str] = set()
@@ -318,38 +338,74 @@ class HorovodGang:
 
     def wait(self) -> dict[str, Any]:
         """Poll until every rank succeeded, then return rank 0's result; fail fast on the first broken rank."""
-        start = self.clock()
-        scheduled_at: dict[int, float] = {}
-        all_running = False
-        want = {_rank(p): p.metadata.name for p in self.pods}
+        watch = self.watch(self.clock())
         while True:
             if self.killed:
                 raise GangError("the task was killed; every pod and the Service were deleted")
-            pods = {_rank(p): p for p in self._list_pods(self.identity.job_selector(this_try=True))}
-            gone = sorted(set(want) - set(pods))
-            if gone:
-                names = [want[r] for r in gone]
-                raise GangError(
-                    f"pod(s) {names} of rank(s) {gone} disappeared (deleted or evicted); the job cannot continue"
-                )
-            self._check_failed(pods)
-            now = self.clock()
-            for rank, pod in sorted(pods.items()):
-                if _phase(pod) == "Pending" and _is_scheduled(pod):
-                    scheduled_at.setdefault(rank, now)
-                self._check_startup(rank, pod, now - start, now - scheduled_at.get(rank, now))
-            phases = {r: _phase(p) for r, p in pods.items()}
-            if not all_running and all(ph in ("Running", "Succeeded") for ph in phases.values()):
-                all_running = True
-                self.log.info("All %d ranks are running (after %.0f s)", len(pods), now - start)
-            if 0 in pods:
-                self._stream_rank0(pods[0])
-            if all(ph == "Succeeded" for ph in phases.values()):
-                self.log.info("All %d ranks succeeded (pods %s)", len(pods), [want[r] for r in sorted(want)])
-                if not self.result_line:
-                    return self._summary(pods)
-                return {**self._result(pods[0]), "launcher_seconds": round(self.clock() - start, 3)}
+            pods = self.poll(watch)
+            if pods is not None:
+                return self.outcome(pods, self.clock() - watch.start)
             self.sleep(self.poll_interval_s)
+
+    def watch(self, start: float, pod_names: Sequence[str] | None = None) -> GangWatch:
+        """The state of one wait that began at ``start`` (on :attr:`clock`), for the ranks' pods
+        ``pod_names`` (index = rank; default: this gang's pods)."""
+        want = dict(enumerate(pod_names)) if pod_names is not None else {_rank(p): p.metadata.name for p in self.pods}
+        return GangWatch(start=start, want=want)
+
+    def poll(self, watch: GangWatch) -> dict[int, k8s_models.V1Pod] | None:
+        """One look at this try's pods: the pods by rank once every rank succeeded, None while any
+        still runs; raises :class:`RankPodFailed`, :class:`PodStartError` or :class:`GangError` (a pod
+        disappeared).  The synchronous :meth:`wait` and the deferred ``hetero.triggers.GangTrigger``
+        both decide through it."""
+        pods = {_rank(p): p for p in self._list_pods(self.identity.job_selector(this_try=True))}
+        gone = sorted(set(watch.want) - set(pods))
+        if gone:
+            names = [watch.want[r] for r in gone]
+            raise GangError(
+                f"pod(s) {names} of rank(s) {gone} disappeared (deleted or evicted); the job cannot continue"
+            )
+        self._check_failed(pods)
+        now = self.clock()
+        for rank, pod in sorted(pods.items()):
+            if _phase(pod) == "Pending" and _is_scheduled(pod):
+                watch.scheduled_at.setdefault(rank, now)
+            self._check_startup(rank, pod, now - watch.start, now - watch.scheduled_at.get(rank, now))
+        phases = {r: _phase(p) for r, p in pods.items()}
+        if not watch.all_running and all(ph in ("Running", "Succeeded") for ph in phases.values()):
+            watch.all_running = True
+            self.log.info("All %d ranks are running (after %.0f s)", len(pods), now - watch.start)
+        if 0 in pods and self.stream_logs:
+            self._stream_rank0(pods[0])
+        if all(ph == "Succeeded" for ph in phases.values()):
+            self.log.info("All %d ranks succeeded (pods %s)", len(pods), [watch.want[r] for r in sorted(watch.want)])
+            return pods
+        return None
+
+    def outcome(self, pods: dict[int, k8s_models.V1Pod], seconds: float) -> dict[str, Any]:
+        """What a gang whose ranks all succeeded returns: rank 0's result line plus
+        ``launcher_seconds`` (the wait took ``seconds``), or the summary for a gang without one."""
+        if not self.result_line:
+            return self._summary(pods)
+        return {**self._result(pods[0]), "launcher_seconds": round(seconds, 3)}
+
+    def this_try_pods(self) -> dict[int, k8s_models.V1Pod]:
+        """This try's pods by rank, as the cluster has them now."""
+        return {_rank(p): p for p in self._list_pods(self.identity.job_selector(this_try=True))}
+
+    def log_rank0_tail(self, pods: dict[int, k8s_models.V1Pod]) -> None:
+        """Write rank 0's last lines into the task log (the deferred mode, where nothing was streamed)."""
+        if 0 not in pods:
+            return
+        try:
+            text = read_pod_log(self.client, pods[0].metadata.name, self.namespace,
+                                container=_main_container(pods[0]), tail_lines=self.log_tail_lines)
+        except Exception as e:  # logs are best effort
+            self.log.warning("Reading the end of rank 0's log failed: %s", e)
+            return
+        for line in text.splitlines():
+            self._rank0_lines.append(line)
+            self.log.info("[rank 0] %s", line)
 
     def _check_startup(self, rank: int, pod: k8s_models.V1Pod, waited_s: float, scheduled_s: float) -> None:
         """Raise :class:`PodStartError` when a pod cannot start, or a pending one has waited too long:
@@ -551,6 +607,9 @@ class HorovodJobOperator(BaseOperator):
     :param kubernetes_conn_id: Airflow connection (default: the spec's ``kubernetes.kubernetes_conn_id``).
     :param poll_interval: seconds between status polls.
     :param log_tail_lines: log lines of a failed rank quoted in the error.
+    :param deferrable: create the pods, then hand the wait to the triggerer
+        (:class:`hetero.triggers.GangTrigger`) and resume in :meth:`execute_complete`, instead of
+        polling in the worker.  ``PipelineStageOperator`` passes the spec's ``kubernetes.deferrable``.
 
     Pods are labelled ``dag_id``, ``run_id``, ``task_id``, ``try_number``, ``rank``, ``device_type``
     and ``hetero_job``; ``kubectl get pods -l dag_id=<dag>,run_id=<label-safe run id>`` finds them.
@@ -573,10 +632,12 @@ class HorovodJobOperator(BaseOperator):
         poll_interval: float = 5.0,
         log_tail_lines: int = 40,
         fresh: bool = False,
+        deferrable: bool = False,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
         self.fresh = fresh
+        self.deferrable = deferrable
         self.spec_json = spec_json
         self.plan = plan
         self.run_dir = run_dir
@@ -644,7 +705,60 @@ class HorovodJobOperator(BaseOperator):
             identity.job_selector(this_try=True),
         )
         self._gang = self.make_gang(self.get_core_v1(spec), spec, identity, service, pods)
-        return self._gang.run()
+        if not self.deferrable:
+            return self._gang.run()
+        try:
+            self._gang.attach_or_create()
+        except BaseException:
+            self._gang.cleanup()
+            raise
+        self.defer(trigger=self.make_trigger(spec, identity, pods), method_name="execute_complete")
+
+    def make_trigger(self, spec: Any, identity: k8s.Identity, pods: list[k8s_models.V1Pod]) -> Any:
+        """The trigger that waits for this try's pods (see :mod:`hetero.triggers`)."""
+        from hetero.triggers import GangTrigger
+
+        return GangTrigger(
+            namespace=spec.kubernetes.namespace,
+            identity=dataclasses.asdict(identity),
+            pod_names=[p.metadata.name for p in sorted(pods, key=_rank)],
+            kubernetes_conn_id=self.kubernetes_conn_id or spec.kubernetes.kubernetes_conn_id,
+            in_cluster=self.in_cluster,
+            config_file=self.config_file,
+            cluster_context=self.cluster_context,
+            scheduling_timeout_s=spec.kubernetes.scheduling_timeout_s,
+            image_pull_timeout_s=spec.kubernetes.image_pull_timeout_s,
+            poll_interval=self.poll_interval,
+            log_tail_lines=self.log_tail_lines,
+            started_at=time.time(),
+        )
+
+    def execute_complete(self, context: Context, event: dict[str, Any]) -> dict[str, Any]:
+        """Resume after :class:`hetero.triggers.GangTrigger`: write rank 0's last lines into the task
+        log, return its result line (or raise the gang's error, as the synchronous wait would), and
+        delete the pods and the Service either way."""
+        from hetero.triggers import error_from_event
+        from pipelines.spec import load_spec
+
+        spec = load_spec(self.spec_json)
+        self._gang = gang = self.make_gang(self.get_core_v1(spec), spec, identity_from_context(context), None, [])
+        try:
+            if event.get("status") != "success":
+                try:
+                    gang.log_rank0_tail(gang.this_try_pods())
+                except Exception as e:  # the gang's error matters more than rank 0's last lines
+                    self.log.warning("Reading rank 0's last lines failed: %s", e)
+                raise error_from_event(event)
+            pods = gang.this_try_pods()
+            gang.log_rank0_tail(pods)
+            if 0 not in pods:
+                raise GangError(f"every rank succeeded but rank 0's pod is gone; pods left: {sorted(pods)}")
+            result = gang.outcome(pods, float(event.get("seconds", 0.0)))
+        except BaseException as exc:
+            gang.cleanup(keep_failed=gang.keep_failed_pods and isinstance(exc, RankPodFailed))
+            raise
+        gang.cleanup()
+        return result
 
     def on_kill(self) -> None:
         if self._gang is not None:

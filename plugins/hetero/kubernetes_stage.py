@@ -7,6 +7,10 @@ since the pod cannot read the Airflow side's files; the stage copies them into t
 last line of its standard output; the operator follows the pod's log (the provider's log
 streaming), keeps the last lines and returns the last JSON object line as the task's XCom.
 
+With ``deferrable=True`` (the spec's ``kubernetes.deferrable``) the provider's trigger waits for the
+pod and the task resumes in :meth:`StagePodOperator.execute_complete`, which reads the end of the
+pod's log before the provider writes the log into the task log and deletes the pod.
+
 Why the log and not ``do_xcom_push``: the provider's XCom sidecar needs an extra image and
 ``pods/exec`` rights, and a wrapper command would make the pod's command differ from the local one.
 """
@@ -40,6 +44,8 @@ class StagePodOperator(KubernetesPodOperator):
     :param pool: pool file or dict (default: the spec's pool); carried to the pod inline. (templated)
     :param resources: resources when no device is given (requests = limits).
     :param fresh: pass ``--fresh`` (recompute even if a result exists).
+    :param deferrable: the provider's deferrable mode: the triggerer waits for the pod, the task
+        resumes in :meth:`execute_complete`, which reads the result from the end of the pod's log.
 
     Namespace, image, connection, service account, secret, pod template, timeouts and whether to keep
     failed pods come from the spec's ``kubernetes`` section; other KubernetesPodOperator arguments pass
@@ -67,7 +73,7 @@ class StagePodOperator(KubernetesPodOperator):
         kwargs.setdefault("name", f"stage-{stage}")
         kwargs.setdefault("base_container_name", k8s.STAGE_CONTAINER)
         kwargs.setdefault("get_logs", True)
-        kwargs["deferrable"] = False  # the result comes from the followed log
+        kwargs.setdefault("deferrable", False)  # PipelineStageOperator passes kubernetes.deferrable
         kwargs["do_xcom_push"] = kwargs.get("do_xcom_push", True)
         super().__init__(**kwargs)
         self.stage = stage
@@ -145,3 +151,33 @@ class StagePodOperator(KubernetesPodOperator):
         finally:
             self.do_xcom_push = push
         return stage_result(self._lines, self.stage, "the pod's log")
+
+    def defer(self, *, trigger: Any, method_name: str, kwargs: dict | None = None, timeout: Any = None) -> Any:
+        """Resume in :meth:`execute_complete` (not the provider's ``trigger_reentry``), the name
+        ``PipelineStageOperator`` also answers to."""
+        super().defer(trigger=trigger, method_name="execute_complete", kwargs=kwargs, timeout=timeout)
+
+    def execute_complete(self, context: Context, event: dict[str, Any]) -> dict[str, Any]:
+        """Resume after the provider's pod trigger (:meth:`trigger_reentry` writes the pod's log into
+        the task log, fails for a failed pod and deletes the pod); return the stage's result line."""
+        self.prepare(context)
+        push = self.do_xcom_push
+        self.do_xcom_push = False
+        try:
+            self.trigger_reentry(context, event)
+        finally:
+            self.do_xcom_push = push
+        return stage_result(self._lines, self.stage, "the pod's log")
+
+    def trigger_reentry(self, context: Context, event: dict[str, Any]) -> Any:
+        """Keep the end of a succeeded pod's log (the result line), then the provider's re-entry."""
+        from hetero.kubernetes_job import read_pod_log
+
+        if event.get("status") == "success":
+            try:
+                text = read_pod_log(self.client, event["name"], event["namespace"],
+                                    container=self.base_container_name, tail_lines=self._lines.maxlen)
+                self._lines.extend(text.splitlines())
+            except Exception as e:  # the provider reports a missing pod; no result line fails the stage
+                self.log.warning("Reading the end of pod %s's log failed: %s", event.get("name"), e)
+        return super().trigger_reentry(context, event)

@@ -3,7 +3,8 @@
 With ``launcher=local`` the stage runs as a subprocess in the trainer environment (the train
 stage starts its ranks with the local Horovod launcher).  With ``launcher=kubernetes`` the stage
 runs as one pod (``StagePodOperator``) and the train stage as a gang of rank pods
-(``HorovodJobOperator``).  Either way the task returns the stage's small JSON result as XCom,
+(``HorovodJobOperator``); with ``kubernetes.deferrable`` both hand their wait to the triggerer and
+resume in ``execute_complete``.  Either way the task returns the stage's small JSON result as XCom,
 and killing the task stops everything the stage started.
 """
 
@@ -36,14 +37,35 @@ class PipelineStageOperator(BaseOperator):
             from hetero.kubernetes_job import HorovodJobOperator
 
             estimate = context["ti"].xcom_pull(task_ids=self.plan_task_id) or {}
-            self._delegate = HorovodJobOperator(task_id=self.task_id, spec_json=spec.to_json(), plan=estimate.get("plan"))
+            self._delegate = HorovodJobOperator(
+                task_id=self.task_id, spec_json=spec.to_json(), plan=estimate.get("plan"),
+                deferrable=spec.kubernetes.deferrable,
+            )
         else:
             from hetero.kubernetes_stage import StagePodOperator
 
             if self.stage == "estimate":
                 self.calibrate_on_kubernetes(spec, context)
-            self._delegate = StagePodOperator(task_id=self.task_id, stage=self.stage, spec_json=spec.to_json())
+            self._delegate = StagePodOperator(
+                task_id=self.task_id, stage=self.stage, spec_json=spec.to_json(), deferrable=spec.kubernetes.deferrable
+            )
         return self._delegate.execute(context)
+
+    def execute_complete(self, context, event: dict) -> dict:
+        """Resume after the deferred wait (``kubernetes.deferrable``): the train gang's
+        (:meth:`hetero.kubernetes_job.HorovodJobOperator.execute_complete`) or a stage pod's
+        (:meth:`hetero.kubernetes_stage.StagePodOperator.execute_complete`)."""
+        spec = validate_params(context["params"])
+        if self.stage == "train":
+            from hetero.kubernetes_job import HorovodJobOperator
+
+            self._delegate = HorovodJobOperator(task_id=self.task_id, spec_json=spec.to_json(), deferrable=True)
+        else:
+            from hetero.kubernetes_stage import StagePodOperator
+
+            self._delegate = StagePodOperator(task_id=self.task_id, stage=self.stage, spec_json=spec.to_json(),
+                                              deferrable=True)
+        return self._delegate.execute_complete(context, event)
 
     def calibrate_on_kubernetes(self, spec, context) -> None:
         """One calibration pod per device type, in parallel, before the estimate stage's pod; skipped

@@ -1,0 +1,226 @@
+"""The deferrable train gang on the test cluster (tests/cluster), through the real ``kubernetes``
+client: ``execute`` creates the rank pods and defers, :class:`hetero.triggers.GangTrigger` waits for
+them, ``execute_complete`` returns rank 0's result (or raises the rank's error) and deletes
+everything; a stage pod in the provider's deferrable mode returns its result line.  The pods run
+short Python commands instead of the trainer and the stage."""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+import json
+import logging
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "cluster"))
+
+from conftest import make_context  # noqa: E402
+
+from hetero.kubernetes_job import GangError, HorovodJobOperator, RankPodFailed  # noqa: E402
+from hetero.triggers import GangTrigger  # noqa: E402
+
+pytest_plugins = ["testcluster.fixtures"]  # cluster, kube, kube_conn
+
+POOL = {"device_types": [
+    {"name": "fast", "count": 1, "memory_gb": 1, "power_watts": 60, "cost_per_hour": 0.1,
+     "kubernetes": {"resources": {"cpu": "500m", "memory": "1Gi"}}},
+    {"name": "slow", "count": 1, "memory_gb": 1, "power_watts": 30, "cost_per_hour": 0.05,
+     "kubernetes": {"resources": {"cpu": "250m", "memory": "1Gi"}}},
+]}
+PLAN = {"global_batch": 48, "ranks": [{"rank": 0, "device": "fast", "batch": 32}, {"rank": 1, "device": "slow", "batch": 16}]}
+RESULT = {"stage": "train", "global_batch": 48, "ranks": 2}
+
+
+class ListLog(logging.Logger):
+    def __init__(self):
+        super().__init__("test")
+        self.lines: list[str] = []
+
+    def _log(self, level, msg, args, **kwargs):  # noqa: ANN001
+        self.lines.append(msg % args if args else msg)
+
+
+def rank_code(rank: int, fail: bool) -> str:
+    if rank == 0:
+        return "import time; time.sleep(1); print('rank 0 trains'); print(" + repr(json.dumps(RESULT)) + ")"
+    if fail:
+        return "import sys; print('loading shard 1'); print('out of memory on rank 1'); sys.exit(3)"
+    return "import time; time.sleep(1); print('rank 1 done')"
+
+
+def make_operator(tmp_path, conn: str, *, fail: bool = False) -> HorovodJobOperator:
+    """A deferrable operator whose rank pods run :func:`rank_code` instead of the trainer."""
+    pool = tmp_path / "pool.yaml"
+    pool.write_text(yaml.safe_dump(POOL))
+    spec = {"dataset": {"uri": "/mnt/artifacts/data"}, "pool": str(pool), "launcher": "kubernetes",
+            "artifact_root": "/mnt/artifacts", "training": {"global_batch": 48},
+            "kubernetes": {"namespace": "default", "artifact_volume_claim": "artifacts", "kubernetes_conn_id": conn,
+                           "scheduling_timeout_s": 30, "image_pull_timeout_s": 30}}
+    op = HorovodJobOperator(task_id="train", spec_json=json.dumps(spec), plan=json.dumps(PLAN),
+                            poll_interval=0.3, deferrable=True)
+    build = op.build_pods
+
+    def simple_pods(identity):
+        spec_, service, pods = build(identity)
+        for pod in pods:
+            container = pod.spec.containers[0]
+            container.command = ["python", "-c", rank_code(int(pod.metadata.labels["rank"]), fail)]
+            container.args = None
+        return spec_, service, pods
+
+    op.build_pods = simple_pods
+    op.log_lines = ListLog()
+    make = op.make_gang
+
+    def logged_gang(*args):
+        gang = make(*args)
+        gang.log = op.log_lines
+        return gang
+
+    op.make_gang = logged_gang
+    return op
+
+
+def defer(op: HorovodJobOperator, context: dict):
+    """``execute`` up to its deferral: the trigger it handed over."""
+    from airflow.sdk.exceptions import TaskDeferred
+
+    with pytest.raises(TaskDeferred) as deferred:
+        op.execute(context)
+    assert deferred.value.method_name == "execute_complete"
+    return deferred.value.trigger
+
+
+def first_event(trigger: GangTrigger) -> dict:
+    async def first():
+        return await asyncio.wait_for(anext(trigger.run()), timeout=60)
+
+    return asyncio.run(first()).payload
+
+
+def assert_all_gone(kube):
+    assert kube.list_namespaced_pod("default").items == []
+    assert kube.list_namespaced_service("default").items == []
+
+
+def test_a_deferred_gang_returns_rank_0s_result_and_deletes_everything(tmp_path, kube, kube_conn):
+    op = make_operator(tmp_path, kube_conn)
+    context = make_context(dag_id="cluster_test")
+    trigger = defer(op, context)
+    pods = sorted(p.metadata.name for p in kube.list_namespaced_pod("default").items)
+    assert pods == sorted(trigger.pod_names) and len(pods) == 2  # created before the wait was handed over
+    assert len(kube.list_namespaced_service("default").items) == 1
+    event = first_event(trigger)
+    assert event["status"] == "success" and event["pods"] == trigger.pod_names and event["seconds"] > 0
+    result = op.execute_complete(context, event)
+    assert result == {**RESULT, "launcher_seconds": event["seconds"]}
+    assert "[rank 0] rank 0 trains" in op.log_lines.lines  # rank 0's last lines in the task log
+    assert_all_gone(kube)
+
+
+def test_a_failed_rank_raises_its_exit_code_and_last_lines_and_deletes_everything(tmp_path, kube, kube_conn):
+    op = make_operator(tmp_path, kube_conn, fail=True)
+    context = make_context(dag_id="cluster_test", run_id="manual__fail")
+    event = first_event(defer(op, context))
+    assert event["status"] == "error" and event["error"] == "RankPodFailed" and event["exit_code"] == 3
+    with pytest.raises(RankPodFailed) as failed:
+        op.execute_complete(context, event)
+    err = failed.value
+    assert (err.rank, err.exit_code) == (1, 3) and err.pod_name == event["pod_name"]
+    assert "rank 1" in str(err) and "exit code 3" in str(err) and "out of memory on rank 1" in str(err)
+    assert err.log_tail[-1] == "out of memory on rank 1"
+    assert_all_gone(kube)
+
+
+def test_a_vanished_pod_ends_the_wait_with_the_gangs_error(tmp_path, kube, kube_conn):
+    op = make_operator(tmp_path, kube_conn)
+    context = make_context(dag_id="cluster_test", run_id="manual__gone")
+    trigger = defer(op, context)
+    kube.delete_namespaced_pod(trigger.pod_names[1], "default")
+    event = first_event(trigger)
+    assert event["status"] == "error" and event["error"] == "GangError" and "disappeared" in event["message"]
+    with pytest.raises(GangError, match="disappeared"):
+        op.execute_complete(context, event)
+    assert_all_gone(kube)
+
+
+def test_killing_the_deferred_task_deletes_every_pod_and_the_service(tmp_path, kube, kube_conn):
+    op = make_operator(tmp_path, kube_conn)
+    trigger = defer(op, make_context(dag_id="cluster_test", run_id="manual__kill"))
+    assert len(kube.list_namespaced_pod("default").items) == 2
+    asyncio.run(trigger.on_kill())  # the triggerer's call when a user kills a deferred task
+    assert_all_gone(kube)
+
+
+def test_the_trigger_serializes_to_its_classpath_and_json(tmp_path, kube, kube_conn):
+    op = make_operator(tmp_path, kube_conn)
+    context = make_context(dag_id="cluster_test", run_id="manual__serialize")
+    trigger = defer(op, context)
+    classpath, kwargs = trigger.serialize()
+    assert classpath == "hetero.triggers.GangTrigger"
+    kwargs = json.loads(json.dumps(kwargs))  # JSON-able as the triggerer stores it
+    assert kwargs["identity"]["run_id"] == "manual__serialize" and kwargs["kubernetes_conn_id"] == kube_conn
+    assert (kwargs["scheduling_timeout_s"], kwargs["image_pull_timeout_s"], kwargs["poll_interval"]) == (30, 30, 0.3)
+    module, name = classpath.rsplit(".", 1)
+    again = getattr(importlib.import_module(module), name)(**kwargs)  # as the triggerer rebuilds it
+    assert again.serialize() == (classpath, kwargs)
+    assert first_event(again)["status"] == "success"  # the rebuilt trigger watches the same pods
+    op.execute_complete(context, first_event(again))
+    assert_all_gone(kube)
+
+
+# ------------------------------------------------------------------------ stage pods (provider)
+
+
+def stage_operator(tmp_path, conn: str, code: str):
+    """A deferrable stage pod whose container runs ``code`` instead of the stage command."""
+    from hetero.kubernetes_stage import StagePodOperator
+
+    op = make_operator(tmp_path, conn)  # the same spec
+    stage = StagePodOperator(task_id="preload", stage="preload", spec_json=op.spec_json, deferrable=True,
+                             poll_interval=0.3, startup_check_interval_seconds=1)
+    deserialize = stage._deserialize
+
+    def simple(manifest):
+        pod = deserialize(manifest)
+        pod.spec.containers[0].command, pod.spec.containers[0].args = ["python", "-u", "-c", code], None
+        return pod
+
+    stage._deserialize = simple
+    return stage
+
+
+def stage_context(run_id: str) -> dict:
+    from types import SimpleNamespace
+
+    context = make_context(dag_id="cluster_test", task_id="preload", run_id=run_id)
+    context["ti"].xcom_push = lambda key, value, **_: None
+    context["dag"] = SimpleNamespace(dag_id="cluster_test")
+    return context
+
+
+def test_a_deferred_stage_pod_returns_its_result_line(tmp_path, kube, kube_conn):
+    stage = stage_operator(tmp_path, kube_conn, "import time; time.sleep(1); print('reading'); print('{\"rows\": 7}')")
+    context = stage_context("manual__stage")
+    trigger = defer(stage, context)
+    assert type(trigger).__name__ == "KubernetesPodTrigger"  # the provider's deferrable mode
+    event = first_event(trigger)
+    assert event["status"] == "success"
+    assert stage.execute_complete(context, event) == {"rows": 7}
+    assert kube.list_namespaced_pod("default").items == []
+
+
+def test_a_failed_deferred_stage_pod_fails_the_task_and_is_deleted(tmp_path, kube, kube_conn):
+    from airflow.sdk.exceptions import AirflowException
+
+    stage = stage_operator(tmp_path, kube_conn, "import sys, time; time.sleep(1); print('bad input'); sys.exit(2)")
+    context = stage_context("manual__stagefail")
+    event = first_event(defer(stage, context))
+    assert event["status"] == "failed"
+    with pytest.raises(AirflowException, match="returned a failure"):  # as the provider's sync path says
+        stage.execute_complete(context, event)
+    assert kube.list_namespaced_pod("default").items == []
