@@ -10,6 +10,7 @@ from __future__ import annotations
 import copy
 import datetime as dt
 import json
+import logging
 from collections.abc import Callable
 from types import SimpleNamespace
 from typing import Any
@@ -278,3 +279,14 @@ def scheduling_event(pod_name: str, message: str) -> m.CoreV1Event:
         message=message,
         type="Warning",
     )
+
+
+class ListLog(logging.Logger):
+    """A logger that keeps each formatted message, for tests that read what an operator logged."""
+
+    def __init__(self):
+        super().__init__("test")
+        self.lines: list[str] = []
+
+    def _log(self, level, msg, args, **kwargs):  # noqa: ANN001
+        self.lines.append(msg % args if args else msg)

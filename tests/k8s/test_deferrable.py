@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import importlib
 import json
-import logging
 import sys
 from pathlib import Path
 
@@ -19,6 +18,7 @@ import yaml
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "cluster"))
 
 from conftest import make_context  # noqa: E402
+from fakes import ListLog  # noqa: E402
 
 from hetero.kubernetes_job import GangError, HorovodJobOperator, RankPodFailed  # noqa: E402
 from hetero.triggers import GangTrigger  # noqa: E402
@@ -33,15 +33,6 @@ POOL = {"device_types": [
 ]}
 PLAN = {"global_batch": 48, "ranks": [{"rank": 0, "device": "fast", "batch": 32}, {"rank": 1, "device": "slow", "batch": 16}]}
 RESULT = {"stage": "train", "global_batch": 48, "ranks": 2}
-
-
-class ListLog(logging.Logger):
-    def __init__(self):
-        super().__init__("test")
-        self.lines: list[str] = []
-
-    def _log(self, level, msg, args, **kwargs):  # noqa: ANN001
-        self.lines.append(msg % args if args else msg)
 
 
 def rank_code(rank: int, fail: bool) -> str:

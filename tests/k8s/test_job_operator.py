@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import logging
 
 import kubernetes_validate
 import pytest
@@ -11,6 +10,7 @@ import yaml
 from conftest import GPU_POOL, make_context
 from fakes import (
     FakeCoreV1,
+    ListLog,
     pulling,
     running,
     scheduling_event,
@@ -32,15 +32,6 @@ from hetero.kubernetes_job import (
 )
 from pipelines.spec import load_pool
 from pipelines.stages import rank_command
-
-
-class ListLog(logging.Logger):
-    def __init__(self):
-        super().__init__("test")
-        self.lines: list[str] = []
-
-    def _log(self, level, msg, args, **kwargs):  # noqa: ANN001
-        self.lines.append(msg % args if args else msg)
 
 
 def make_operator(spec_doc, plan, fake: FakeCoreV1, **kwargs):
