@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 
@@ -14,8 +13,7 @@ if str(ROOT / "plugins") not in sys.path:  # Airflow puts plugins/ on sys.path; 
 if str(Path(__file__).parent) not in sys.path:
     sys.path.insert(0, str(Path(__file__).parent))
 
-GPU_POOL = str(ROOT / "examples" / "pool-gpu.yaml")
-LOCAL_POOL = str(ROOT / "examples" / "pool-local.yaml")
+from k8s_support import GPU_POOL  # noqa: E402
 
 
 @pytest.fixture
@@ -47,18 +45,4 @@ def mixed_plan() -> dict:
             {"rank": 1, "device": "v100", "batch": 64, "samples_per_sec": 450.0, "max_batch": 256},
             {"rank": 2, "device": "t4", "batch": 32, "samples_per_sec": 220.0, "max_batch": 256},
         ],
-    }
-
-
-def make_context(
-    dag_id="train_pipeline", run_id="manual__2026-01-01T00:00:00+00:00", task_id="train", try_number=1
-):
-    """The parts of an Airflow task context the operators read."""
-    ti = SimpleNamespace(dag_id=dag_id, task_id=task_id, try_number=try_number, map_index=-1, run_id=run_id)
-    return {
-        "ti": ti,
-        "run_id": run_id,
-        "dag_run": None,
-        "data_interval_start": None,
-        "data_interval_end": None,
     }

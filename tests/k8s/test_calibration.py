@@ -12,7 +12,7 @@ from pathlib import Path
 import kubernetes_validate
 import pytest
 import yaml
-from conftest import GPU_POOL
+from k8s_support import GPU_POOL
 from restricted import restricted_violations
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "cluster"))

@@ -17,8 +17,8 @@ import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "cluster"))
 
-from conftest import make_context  # noqa: E402
 from fakes import ListLog  # noqa: E402
+from k8s_support import make_context  # noqa: E402
 
 from hetero.kubernetes_job import GangError, HorovodJobOperator, RankPodFailed  # noqa: E402
 from hetero.triggers import GangTrigger  # noqa: E402

@@ -7,7 +7,6 @@ import json
 import kubernetes_validate
 import pytest
 import yaml
-from conftest import GPU_POOL, make_context
 from fakes import (
     FakeCoreV1,
     ListLog,
@@ -19,6 +18,7 @@ from fakes import (
     unschedulable,
     waiting,
 )
+from k8s_support import GPU_POOL, make_context
 from kubernetes.client import ApiClient
 from restricted import restricted_violations
 

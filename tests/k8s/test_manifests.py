@@ -10,7 +10,7 @@ from pathlib import Path
 import kubernetes_validate
 import pytest
 import yaml
-from conftest import GPU_POOL, LOCAL_POOL
+from k8s_support import GPU_POOL, LOCAL_POOL
 from restricted import restricted_violations
 
 from pipelines.__main__ import main

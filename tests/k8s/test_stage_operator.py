@@ -14,7 +14,7 @@ import pytest
 import yaml
 from airflow.providers.cncf.kubernetes.operators.pod import KubernetesPodOperator
 from airflow.sdk.exceptions import AirflowException
-from conftest import GPU_POOL, make_context
+from k8s_support import GPU_POOL, make_context
 from kubernetes.client import ApiClient
 from restricted import restricted_violations
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 import copy
 
 import pytest
-from conftest import GPU_POOL, LOCAL_POOL
+from k8s_support import GPU_POOL, LOCAL_POOL
 
 from pipelines.plan import check_plan
 from pipelines.spec import SpecError, check_kubernetes, load_pool, load_spec
