@@ -29,7 +29,14 @@ class PipelineStageOperator(BaseOperator):
         self._delegate: Any = None
 
     def execute(self, context) -> dict:
-        spec = validate_params(context["params"])
+        from airflow.sdk.exceptions import AirflowFailException
+
+        from pipelines.spec import SpecError
+
+        try:
+            spec = validate_params(context["params"])
+        except SpecError as e:  # the run's params: every retry would fail the same way
+            raise AirflowFailException(str(e)) from None
         if spec.launcher == "local":
             self._delegate = LocalStage(self.stage, spec, stage_context(context))
             return self._delegate.run()

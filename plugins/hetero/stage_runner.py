@@ -19,7 +19,7 @@ from pathlib import Path
 from airflow.sdk.exceptions import AirflowException
 
 from pipelines.rundir import RunDir
-from pipelines.spec import JobSpec, load_spec
+from pipelines.spec import JobSpec, SpecError, load_spec
 from pipelines.stages import StageContext, last_json_object, run_inputs, stage_command
 
 log = logging.getLogger(__name__)
@@ -141,7 +141,20 @@ def _kill_group(proc: subprocess.Popen, grace_s: float = 10.0) -> None:
 
 
 def validate_params(params: dict) -> JobSpec:
-    """The DAG run's params as a validated job spec (errors name each bad field)."""
-    doc = {k: v for k, v in dict(params).items() if k in JobSpec.model_fields and v is not None}
-    return load_spec(doc)
+    """The DAG run's params as a validated job spec; the error names each bad field.
+
+    Airflow merges a run's conf into its params, so a misspelt top-level key (``trainig``) arrives
+    here: it is refused, naming the key and the closest field, rather than dropped (which would
+    run the defaults)."""
+    import difflib
+
+    doc = dict(params)
+    unknown = sorted(set(doc) - set(JobSpec.model_fields))
+    if unknown:
+        lines = [f"job spec: {len(unknown)} unknown top-level field(s)"]
+        for key in unknown:
+            close = difflib.get_close_matches(key, list(JobSpec.model_fields), n=1)
+            lines.append(f"  {key}: unknown field" + (f" (did you mean {close[0]!r}?)" if close else ""))
+        raise SpecError("\n".join(lines))
+    return load_spec({k: v for k, v in doc.items() if v is not None})
 

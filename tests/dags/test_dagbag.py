@@ -89,3 +89,23 @@ def test_default_params_are_a_valid_job_spec():
     spec = validate_params(json.loads(json.dumps(defaults)))
     assert spec.launcher == "local"
     assert spec.dataset.uri.endswith("data/sample")
+
+
+def test_an_unknown_top_level_conf_key_is_refused_naming_it_and_not_retried():
+    """Airflow merges the run's conf into its params: a misspelt key must fail the task, not be
+    dropped (which would train with the defaults), and a retry could not fix it."""
+    from airflow.sdk.exceptions import AirflowFailException
+
+    from hetero.operators import PipelineStageOperator
+    from hetero.params import job_params
+    from hetero.stage_runner import validate_params
+    from pipelines.spec import SpecError
+
+    params = {k: p.value for k, p in job_params().items()}
+    params["trainig"] = {"epochs": 1}
+    with pytest.raises(SpecError, match=r"(?s)1 unknown top-level field.*trainig: unknown field \(did you mean 'training'\?\)"):
+        validate_params(params)
+    op = PipelineStageOperator(task_id="preload", stage="preload")
+    with pytest.raises(AirflowFailException, match="trainig: unknown field"):
+        op.execute({"params": params})
+    assert op._delegate is None  # nothing was started

@@ -211,3 +211,11 @@ def test_bad_params_fail_before_any_work(airflow_env, tiny_dataset, tmp_path):
     log = proc.stdout + proc.stderr
     assert "three" in log and "epochs" in log, log[-3000:]
     assert not (artifacts / "train_pipeline").exists()  # nothing was started or written
+    # A misspelt top-level key reaches the tasks (Airflow merges conf into params): the first task
+    # fails at once, naming it, without retries and without training on the defaults.
+    conf = {"dataset": {"uri": str(tiny_dataset)}, "trainig": {"epochs": 1}, "artifact_root": str(artifacts)}
+    proc = dags_test(airflow_env, conf, timeout=300)
+    log = proc.stdout + proc.stderr
+    assert "trainig: unknown field (did you mean 'training'?)" in log, log[-3000:]
+    assert "up_for_retry" not in log.lower() and not succeeded(log)
+    assert not (artifacts / "train_pipeline").exists()
