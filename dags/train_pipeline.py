@@ -5,7 +5,7 @@ from __future__ import annotations
 import datetime as dt
 import os
 
-from airflow.sdk import DAG
+from airflow.sdk import DAG, CronDataIntervalTimetable
 
 from hetero.operators import PipelineStageOperator
 from hetero.params import job_params
@@ -27,9 +27,14 @@ With `launcher=kubernetes` the stages run as pods and the ranks as a gang of pod
 Artifacts: `<artifact_root>/<dag_id>/<run_id>/`; the report is `analyze/report.html`.
 """
 
+# A cron schedule (HETERO_TRAIN_SCHEDULE, e.g. "@daily") whose runs each cover one whole interval:
+# the daily run of 2026-01-02 gets [2026-01-02, 2026-01-03), which is what
+# dataset.use_data_interval trains on; Airflow 3's default cron timetable would give it zero width.
+SCHEDULE = os.environ.get("HETERO_TRAIN_SCHEDULE") or None
+
 with DAG(
     dag_id="train_pipeline",
-    schedule=os.environ.get("HETERO_TRAIN_SCHEDULE") or None,
+    schedule=CronDataIntervalTimetable(SCHEDULE, timezone="UTC") if SCHEDULE else None,
     start_date=dt.datetime(2026, 1, 1, tzinfo=dt.UTC),
     catchup=False,
     max_active_runs=1,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import subprocess
 import sys
@@ -109,3 +110,26 @@ def test_an_unknown_top_level_conf_key_is_refused_naming_it_and_not_retried():
     with pytest.raises(AirflowFailException, match="trainig: unknown field"):
         op.execute({"params": params})
     assert op._delegate is None  # nothing was started
+
+
+@pytest.mark.parametrize("schedule, start, end", [
+    ("@daily", dt.datetime(2026, 1, 2, tzinfo=dt.UTC), dt.datetime(2026, 1, 3, tzinfo=dt.UTC)),
+    ("0 */6 * * *", dt.datetime(2026, 1, 2, 6, tzinfo=dt.UTC), dt.datetime(2026, 1, 2, 12, tzinfo=dt.UTC)),
+])
+def test_a_scheduled_run_covers_one_whole_interval(monkeypatch, schedule, start, end):
+    """With HETERO_TRAIN_SCHEDULE, each scheduled or backfilled run gets the whole interval it is
+    for (what dataset.use_data_interval reads), not the zero-width interval of Airflow 3's default
+    cron timetable, as the scheduler computes it from the serialized timetable."""
+    from airflow.dag_processing.dagbag import DagBag
+    from airflow.serialization.decoders import decode_timetable
+    from airflow.serialization.encoders import encode_timetable
+    from airflow.timetables.base import TimeRestriction
+
+    monkeypatch.setenv("HETERO_TRAIN_SCHEDULE", schedule)
+    dag = DagBag(dag_folder=str(ROOT / "dags" / "train_pipeline.py")).dags["train_pipeline"]
+    timetable = decode_timetable(encode_timetable(dag.timetable))
+    info = timetable.next_dagrun_info(
+        last_automated_data_interval=None, restriction=TimeRestriction(earliest=start, latest=None, catchup=True)
+    )
+    assert (info.data_interval.start, info.data_interval.end) == (start, end)
+    assert dag.max_active_runs == 1
