@@ -17,7 +17,6 @@ import json
 import os
 import re
 import shutil
-import tempfile
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -116,21 +115,14 @@ def atomic_path(target: str | os.PathLike) -> Iterator[Path]:
 
 
 def write_json(target: str | os.PathLike, obj: Any) -> Path:
-    """Write JSON atomically (temporary file, fsync, rename)."""
+    """Write JSON atomically (temporary file, fsync, rename), with the same permissions as every
+    other file of the run directory (the process's umask)."""
     target = Path(target)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(obj, f, indent=2, sort_keys=True, default=str)
-            f.write("\n")
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, target)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-        raise
+    with atomic_path(target) as tmp, open(tmp, "w") as f:
+        json.dump(obj, f, indent=2, sort_keys=True, default=str)
+        f.write("\n")
+        f.flush()
+        os.fsync(f.fileno())
     return target
 
 
