@@ -26,6 +26,26 @@ def default_job() -> dict:
     return JobSpec.model_validate(doc).model_dump(mode="json")
 
 
+def for_the_form(schema: dict, name: str) -> dict:
+    """``schema`` as the trigger form shows it: every field labelled with its spec name (the key a
+    conf uses, not the model's class name such as ``ModelSpec``), descriptions as plain text."""
+    out = {**_plain(schema), "title": name}
+    if isinstance(out.get("properties"), dict):
+        out["properties"] = {key: for_the_form(sub, key) for key, sub in out["properties"].items()}
+    if isinstance(out.get("anyOf"), list):  # an optional object: label its object branch too
+        out["anyOf"] = [for_the_form(branch, name) if "properties" in branch else branch for branch in out["anyOf"]]
+    return out
+
+
+def _plain(node):
+    """Descriptions without reStructuredText's double backticks, at every depth."""
+    if isinstance(node, dict):
+        return {k: (v.replace("``", "`") if k == "description" and isinstance(v, str) else _plain(v)) for k, v in node.items()}
+    if isinstance(node, list):
+        return [_plain(v) for v in node]
+    return node
+
+
 def job_params() -> dict:
     """One Param per top-level spec field, with its schema and the default job's value."""
     from airflow.sdk import Param
@@ -34,6 +54,7 @@ def job_params() -> dict:
     defaults = default_job()
     params = {}
     for name, prop in schema["properties"].items():
+        prop = for_the_form(prop, name)
         kwargs = {k: v for k, v in prop.items() if k in _SCHEMA_KEYS}
-        params[name] = Param(defaults.get(name), description=prop.get("description", name), title=prop.get("title", name), **kwargs)
+        params[name] = Param(defaults.get(name), description=prop.get("description", name), title=name, **kwargs)
     return params

@@ -133,3 +133,16 @@ def test_a_scheduled_run_covers_one_whole_interval(monkeypatch, schedule, start,
     )
     assert (info.data_interval.start, info.data_interval.end) == (start, end)
     assert dag.max_active_runs == 1
+
+
+def test_the_trigger_form_labels_fields_by_their_spec_names_in_plain_text():
+    from hetero.params import job_params
+
+    params = job_params()
+    for name, param in params.items():
+        assert param.schema["title"] == name  # not ModelSpec, DatasetSpec, ...
+        assert "``" not in param.description, name
+    dataset = params["dataset"].schema["properties"]
+    assert dataset["partition_filter"]["title"] == "partition_filter"
+    assert "``" not in json.dumps(params["dataset"].schema)
+    assert params["kubernetes"].description == "Where and how pods run when `launcher` is `kubernetes`."

@@ -100,6 +100,9 @@ class Kubelet:
         for name in ("python", "python3"):  # a wrapper, not a link: a venv's python must run at its own path
             (self.bin_dir / name).write_text(f'#!/bin/sh\nexec "{python}" "$@"\n')
             (self.bin_dir / name).chmod(0o755)
+        # The image's own folders (the code and the trainer environment): kept visible in pods even
+        # where a volume covers them (a checkout under /tmp and a pod's emptyDir at /tmp).
+        self.image_paths = sorted({str(repo_root), str(Path(python).parent.parent)})
         self.workers: dict[str, PodWorker] = {}
         self.logs: dict[tuple[str, str], list[ContainerLog]] = {}  # (pod uid, container) -> instances
         self.pids: set[int] = set()
@@ -458,7 +461,7 @@ class PodWorker(threading.Thread):
             mounts.append({"source": str(source), "target": m["mountPath"], "readOnly": read_only or bool(m.get("readOnly"))})
         error_file = self.dir / f"{name}.{n}.error"
         spec = {"argv": argv or ["/bin/false"], "env": env, "mounts": mounts, "workingDir": c.get("workingDir"),
-                "hostname": hostname(self.pod), "error_file": str(error_file)}
+                "hostname": hostname(self.pod), "error_file": str(error_file), "image": self.kubelet.image_paths}
         (self.dir / f"{name}.{n}.json").write_text(json.dumps(spec))
         unshare = shutil.which("unshare") or "unshare"
         proc = subprocess.Popen([unshare, "--mount", "--uts", "--propagation", "private", sys.executable, "-I", "-S",

@@ -5,7 +5,9 @@ script is already in the pod's own mount and UTS namespaces.  It waits for the k
 line on stdin, sent once the process is in its CPU cgroup), bind-mounts each volume and the pod's
 ``/etc/hosts`` at the paths the manifest names, sets the hostname, enters ``workingDir`` and
 ``exec``s the container command with the pod's environment, so the command keeps this pid.
-Sources are opened before any mount, so a mount over ``/tmp`` cannot hide a source under ``/tmp``.
+Sources are opened before any mount, so a mount over ``/tmp`` cannot hide a source under ``/tmp``;
+the "image" folders (the repository and the trainer environment) are bound back at their own paths
+after the volumes, so a volume over ``/tmp`` cannot hide a checkout that lives under ``/tmp``.
 A failure is written to the spec's ``error_file`` (empty on success; the exec closes it) and exits 128, as a runtime reports StartError.
 """
 
@@ -19,11 +21,21 @@ import sys
 MS_RDONLY, MS_REMOUNT, MS_BIND, MS_REC = 1, 32, 4096, 16384
 
 
-def mount_all(mounts: list[dict]) -> None:
+def under(path: str, folder: str) -> bool:
+    folder = folder.rstrip("/") or "/"
+    return path == folder or path.startswith(folder if folder.endswith("/") else folder + "/")
+
+
+def mount_all(mounts: list[dict], image: list[str] = ()) -> None:
+    covered = [p for p in image if any(under(p, m["target"]) for m in mounts)]
+    mounts = mounts + [{"source": p, "target": p, "readOnly": False} for p in covered]  # after the volumes
     libc = ctypes.CDLL(None, use_errno=True)
     fds = [os.open(m["source"], os.O_PATH) for m in mounts]
     dirs = [stat.S_ISDIR(os.fstat(fd).st_mode) for fd in fds]
-    for m, fd, is_dir in sorted(zip(mounts, fds, dirs), key=lambda p: p[0]["target"].rstrip("/").count("/")):
+    order = range(len(mounts) - len(covered))
+    volumes = sorted(order, key=lambda i: mounts[i]["target"].rstrip("/").count("/"))
+    for i in [*volumes, *range(len(volumes), len(mounts))]:
+        m, fd, is_dir = mounts[i], fds[i], dirs[i]
         target = m["target"]
         if is_dir:
             os.makedirs(target, exist_ok=True)
@@ -45,7 +57,7 @@ def main(spec_path: str) -> None:
     spec["error_fd"] = os.open(spec["error_file"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC)  # before /tmp is covered
     argv = spec["argv"]
     try:
-        mount_all(spec["mounts"])
+        mount_all(spec["mounts"], spec.get("image", []))
         socket.sethostname(spec["hostname"])
         if spec.get("workingDir"):
             os.makedirs(spec["workingDir"], exist_ok=True)
