@@ -14,6 +14,7 @@ import sys
 import time
 
 from pipelines.errors import StageError
+from pipelines.launch.lifetime import die_with_parent
 from pipelines.rundir import RunDir, write_json
 from pipelines.spec import JobSpec, SpecError, load_pool, load_spec, pool_profiles_path, read_mapping
 from pipelines.stages import ALIASES, STAGES, StageContext, canonical, resolve
@@ -116,6 +117,7 @@ def run_stage(args: argparse.Namespace) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
+    die_with_parent()  # run by an Airflow task: end (and stop the ranks) when the task process dies
     args = build_parser().parse_args(argv)
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.INFO,

@@ -29,6 +29,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 from pipelines.launch.cgroups import PERIOD_US, CpuLimiter, threads_for
+from pipelines.launch.lifetime import child_env, die_with_parent
 from pipelines.launch.rendezvous import (
     ENV_DEVICE,
     ENV_SHARE,
@@ -130,7 +131,8 @@ def start_rank(
     """
     proc = subprocess.Popen(
         list(command),
-        env=env,
+        env=child_env(env),  # a rank that calls die_with_parent() ends with this launcher
+        stdin=subprocess.DEVNULL,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         start_new_session=True,  # its own process group, so we can stop all it started
@@ -244,6 +246,7 @@ def _stop_all(procs: list[subprocess.Popen], grace_s: float = 5.0) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    die_with_parent()  # started by a stage or a task: stop (and stop the ranks) when it dies
     parser = argparse.ArgumentParser(
         prog="python -m pipelines.launch.local",
         description="Run a Horovod program as N local ranks over Gloo, each with its own device profile.",

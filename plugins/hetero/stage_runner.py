@@ -18,6 +18,7 @@ from pathlib import Path
 
 from airflow.sdk.exceptions import AirflowException
 
+from pipelines.launch.lifetime import child_env
 from pipelines.rundir import RunDir
 from pipelines.spec import JobSpec, SpecError, load_spec
 from pipelines.stages import StageContext, last_json_object, run_inputs, stage_command
@@ -100,9 +101,10 @@ class LocalStage:
         env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
         self.proc = proc = subprocess.Popen(
             cmd,
+            stdin=subprocess.DEVNULL,  # not the task's standard input (Airflow's supervisor socket)
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
-            env=env,
+            env=child_env(env),  # the stage ends, and stops its ranks, when this task process dies
             cwd=self.cwd or str(PROJECT_ROOT),
             start_new_session=True,  # its own process group: kill() reaches the ranks too
         )

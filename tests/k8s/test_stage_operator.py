@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import os
 import sys
 from pathlib import Path
 from types import SimpleNamespace
@@ -164,3 +165,13 @@ def test_keep_failed_pods_keeps_failed_stage_pods(spec_doc):
     op = StagePodOperator(task_id="analyze", stage="analyze", spec_json=spec_doc)
     op.prepare(task_context())
     assert op.on_finish_action.value == "delete_succeeded_pod"
+
+
+def test_a_local_stage_follows_the_task_process_and_reads_no_standard_input(tmp_path, spec_doc):
+    """The stage gets the task's pid to die with (pipelines.launch.lifetime) and /dev/null as its
+    standard input, never the task's (Airflow's supervisor socket)."""
+    python = fake_python(tmp_path, 'import os\nprint(json.dumps({"parent": os.environ.get("HETERO_PARENT_PID"), '
+                                   '"ppid": os.getppid(), "stdin": os.readlink("/proc/self/fd/0")}))')
+    ctx = stage_context(task_context())
+    result = LocalStage("preload", load_spec(spec_doc), ctx, python=python).run()
+    assert result == {"parent": str(os.getpid()), "ppid": os.getpid(), "stdin": "/dev/null"}
