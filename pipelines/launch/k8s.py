@@ -78,7 +78,7 @@ RANK_CONTAINER = "trainer"  # container name in rank pods
 STAGE_CONTAINER = "stage"  # container name in stage pods
 POD_STAGES = ("preload", "estimate", "lr_search", "analyze")  # stages that run as one pod each
 RUN_AS_USER = 10001  # the images' non-root user
-WORKDIR = "/work"  # the images' working directory; a relative artifact_root is resolved under it
+WORKDIR = "/work"  # the images' working directory
 DEFAULT_STAGE_RESOURCES = {"cpu": "2", "memory": "4Gi"}
 RENDEZVOUS_PORTS = 100  # rank 0 of a try listens on one of RENDEZVOUS_PORT .. + RENDEZVOUS_PORTS - 1
 MAX_LABEL_LEN = 63
@@ -202,26 +202,16 @@ def container_security_context() -> dict[str, Any]:
     }
 
 
-def _is_uri(path: str) -> bool:
-    return "://" in path and not path.startswith("file://")
-
-
-def artifact_mount_path(spec: JobSpec) -> str | None:
-    """Where the artifact volume is mounted in pods: ``artifact_root`` (under /work when relative).
-
-    None when ``artifact_root`` is an object-storage URI (no volume is mounted).
-    """
-    root = spec.artifact_root
-    if _is_uri(root):
-        return None
-    root = root.removeprefix("file://")
-    return posixpath.normpath(root if root.startswith("/") else posixpath.join(WORKDIR, root))
+def artifact_mount_path(spec: JobSpec) -> str:
+    """Where the artifact volume is mounted in pods: ``artifact_root`` itself.  The spec and
+    :func:`check_kubernetes` admit only an absolute path there (never a URI or a relative path),
+    so it is also where the Airflow side finds the run directory."""
+    return posixpath.normpath(spec.artifact_root.removeprefix("file://"))
 
 
 def pod_run_dir(spec: JobSpec, identity: Identity) -> str:
     """The run directory as pods see it: ``<mount>/<dag_id>/<run_id>`` (same naming as RunDir.for_run)."""
-    base = artifact_mount_path(spec) or spec.artifact_root.rstrip("/")
-    return f"{base}/{safe_component(identity.dag_id)}/{safe_component(identity.run_id)}"
+    return f"{artifact_mount_path(spec)}/{safe_component(identity.dag_id)}/{safe_component(identity.run_id)}"
 
 
 def _volumes(spec: JobSpec, *, shm: bool) -> tuple[list[dict], list[dict]]:
@@ -231,7 +221,7 @@ def _volumes(spec: JobSpec, *, shm: bool) -> tuple[list[dict], list[dict]]:
         volumes.append({"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": "2Gi"}})
         mounts.append({"name": "dshm", "mountPath": "/dev/shm"})
     mount = artifact_mount_path(spec)
-    if spec.kubernetes.artifact_volume_claim and mount:
+    if spec.kubernetes.artifact_volume_claim:
         volumes.append(
             {
                 "name": "artifacts",
