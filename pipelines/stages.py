@@ -100,12 +100,19 @@ def stage_command(
     return [python, "-m", "pipelines", stage, "--spec", spec_arg, "--run-dir", str(run_dir), *carried, *ctx.to_args()]
 
 
-def rank_command(run_dir: str, python: str = "python", *, fresh: bool = False) -> list[str]:
-    """The command every training rank runs, the same for the local launcher and the rank pods:
-    the trainer reads the spec the stage saved in the run directory (docs/ARCHITECTURE.md, "Launchers").
-    ``fresh``: train even when a result for the same inputs exists."""
+# The programs that run as the ranks of a plan: the same command under the local launcher and in
+# the rank pods of the gang operator (docs/ARCHITECTURE.md, "Launchers").
+RANK_PROGRAMS: dict[str, str] = {"train": "pipelines.train.trainer", "lr_search": "pipelines.lr_search.ranks"}
+
+
+def rank_command(run_dir: str, python: str = "python", *, fresh: bool = False, stage: str = "train") -> list[str]:
+    """The command every rank of ``stage`` (``train`` or ``lr_search``, :data:`RANK_PROGRAMS`) runs,
+    the same for the local launcher and the rank pods: the program reads the spec the stage saved
+    in the run directory.  ``fresh``: run even when a result for the same inputs exists."""
+    if stage not in RANK_PROGRAMS:
+        raise SpecError(f"stage {stage!r} does not run as ranks; choose from {list(RANK_PROGRAMS)}")
     run_dir = str(run_dir).rstrip("/") or "/"
-    command = [python, "-m", "pipelines.train.trainer", "--spec", f"{run_dir}/spec.json", "--run-dir", run_dir]
+    command = [python, "-m", RANK_PROGRAMS[stage], "--spec", f"{run_dir}/spec.json", "--run-dir", run_dir]
     return [*command, "--fresh"] if fresh else command
 
 

@@ -404,15 +404,17 @@ def rank_pod_manifests(
     run_dir: str | None = None,
     *,
     fresh: bool = False,
+    stage: str = "train",
 ) -> list[dict[str, Any]]:
     """One pod per rank of ``plan`` (format: docs/ARCHITECTURE.md, "Stages and their contracts"),
-    rank 0 first; ``fresh``: train even when a result for the same inputs exists."""
+    rank 0 first, each running ``stage``'s rank program (``train``, or the distributed range test
+    of ``lr_search``); ``fresh``: run even when a result for the same inputs exists."""
     ranks = _check_plan(plan, pool)
     run_dir = run_dir or pod_run_dir(spec, identity)
     addr, port = rendezvous_address(spec, identity), rendezvous_port(identity)
     group = rendezvous_service_name(identity)
     volumes, mounts = _volumes(spec, shm=True)
-    command = rank_command(run_dir, fresh=fresh)
+    command = rank_command(run_dir, fresh=fresh, stage=stage)
     pods = []
     for r, slot in zip(ranks, pod_slots(len(ranks)), strict=True):
         device = pool.get(r["device"])
@@ -466,13 +468,15 @@ def job_manifests(
     run_dir: str | None = None,
     *,
     fresh: bool = False,
+    stage: str = "train",
 ) -> dict[str, Any]:
-    """``{"service": <Service>, "pods": [<rank pods>]}`` for one try of a Horovod job; a spec or pool
-    the cluster could not run (storage, GPU image) is refused first (:func:`check_kubernetes`)."""
+    """``{"service": <Service>, "pods": [<rank pods>]}`` for one try of a Horovod job running
+    ``stage``'s rank program; a spec or pool the cluster could not run (storage, GPU image) is
+    refused first (:func:`check_kubernetes`)."""
     check_kubernetes(spec, pool)
     return {
         "service": rendezvous_service_manifest(spec, identity),
-        "pods": rank_pod_manifests(spec, pool, plan, identity, run_dir, fresh=fresh),
+        "pods": rank_pod_manifests(spec, pool, plan, identity, run_dir, fresh=fresh, stage=stage),
     }
 
 

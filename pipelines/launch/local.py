@@ -77,6 +77,18 @@ def profiles_from_pool(pool_path: str, names: Sequence[str]) -> list[Profile]:
     return out
 
 
+def launch_plan(stage: str, spec, run_dir, ctx, plan: dict) -> LaunchResult:
+    """The plan's ranks running ``stage``'s rank program (``pipelines.stages.rank_command``) on
+    this machine, each with its device type's profile from the spec's pool; the cgroups are named
+    after the run, the task try and the stage."""
+    from pipelines.stages import rank_command
+
+    profiles = profiles_from_pool(spec.pool, [r["device"] for r in plan["ranks"]])
+    job = f"{ctx.dag_id}-{ctx.run_id}-{ctx.try_number}-{stage}"[-64:]
+    command = rank_command(str(run_dir), sys.executable, fresh=ctx.fresh, stage=stage)
+    return launch(command, profiles, job="".join(c if c.isalnum() or c in "-_" else "_" for c in job))
+
+
 def rank_env(rank: int, size: int, port: int, profile: Profile, base: dict[str, str] | None = None) -> dict[str, str]:
     """The full environment of one rank process."""
     env = dict(os.environ if base is None else base)

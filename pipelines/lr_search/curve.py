@@ -17,12 +17,16 @@ sits close to divergence), and never below the steepest descent of the polynomia
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import Any, NamedTuple
 
 from pipelines.errors import StageError
 
 MIN_POINTS = 10
+RULE_VERSION = 2  # part of the result's input key: a new rule searches again
+CANDIDATE_FACTORS = (0.5, 1.0, 2.0)  # times the min-loss rate: the rates the confirmation compares
+TRIAL_FRACTION = 0.08  # a confirmation run is this fraction of the training's steps ...
+TRIAL_STEPS = (32, 64)  # ... within these bounds
 SAFETY_DIVISOR = 3.0
 REBOUND_FRACTION = 0.75  # the fit stops where the loss has climbed back this far
 START_FRACTION = 0.10  # the descent starts where the fit is this far down from the plateau
@@ -210,6 +214,7 @@ def suggest(
     lo_x, hi_x, steep_x, value, method = pick_rate(x, y, coef, degree, poly_rmse)
     value = max(value, float(lr[0]))
     a, b, log_rmse = log_fit(x, y, lo_x, hi_x)
+    refs = {"fastai_valley": fastai_valley(lr[:end], smoothed[:end]), "lightning": lightning_steepest(lr[:end], smoothed[:end])}
     return {
         "learning_rate": float(value),
         "lr_range": [float(10**lo_x), float(10**hi_x)],
@@ -221,4 +226,112 @@ def suggest(
         "beta": beta,
         "poly": {"degree": degree, "coefficients": [float(c) for c in coef], "rmse": poly_rmse},
         "log_fit": {"a": a, "b": b, "rmse": log_rmse, "x": "log10(lr)"},
+        "fit_points": {"x": [float(v) for v in x], "y": [float(v) for v in y]},
+        "references": refs,
+    }
+
+
+def fastai_valley(lrs: Any, smoothed: Any) -> float | None:
+    """fastai's ``valley`` rule, for comparison: the longest run of decreasing (not necessarily
+    adjacent) smoothed losses, and the rate a little past a third of the way along it (the
+    ``max_start + sections + sections/2`` index of its documentation)."""
+    import numpy as np
+
+    y = np.asarray(smoothed, dtype=float)
+    n = y.size
+    if n < 2 or not np.all(np.isfinite(y)):
+        return None
+    length, prev = np.ones(n, dtype=int), np.full(n, -1)
+    for i in range(1, n):
+        lower = np.nonzero(y[:i] > y[i])[0]
+        if lower.size:
+            j = lower[np.argmax(length[lower])]
+            length[i], prev[i] = length[j] + 1, j
+    end = int(np.argmax(length))
+    start = end
+    while prev[start] >= 0:
+        start = int(prev[start])
+    sections = (end - start) / 3
+    return float(lrs[min(n - 1, start + int(sections) + int(sections / 2))])
+
+
+def lightning_steepest(lrs: Any, smoothed: Any, skip_begin: int = 10, skip_end: int = 1) -> float | None:
+    """PyTorch Lightning's learning-rate finder suggestion, for comparison: the rate of the most
+    negative gradient of the smoothed loss, the first ``skip_begin`` and last ``skip_end`` points
+    left out."""
+    import numpy as np
+
+    y = np.asarray(smoothed, dtype=float)[skip_begin : len(smoothed) - skip_end]
+    y = y[np.isfinite(y)]
+    if y.size < 2:
+        return None
+    return float(lrs[skip_begin + int(np.argmin(np.gradient(y)))])
+
+
+class Trial(NamedTuple):
+    """The length of one confirmation run and its warm-up, in steps."""
+
+    steps: int
+    warmup: int
+
+
+def confirmation(training: Any, rows: int, global_batch: int) -> Trial:
+    """The confirmation run's length for a training of ``training.epochs`` epochs over ``rows``
+    rows at batch ``global_batch``: ``TRIAL_FRACTION`` of its steps within ``TRIAL_STEPS``, with
+    the same warm-up fraction."""
+    total = max(1, rows // max(1, global_batch)) * int(training.epochs)
+    steps = int(min(TRIAL_STEPS[1], max(TRIAL_STEPS[0], round(TRIAL_FRACTION * total))))
+    warmup_fraction = min(1.0, float(training.warmup_epochs) / max(1, int(training.epochs)))
+    return Trial(steps=steps, warmup=int(round(warmup_fraction * steps)))
+
+
+def choose(
+    lrs: Sequence[float],
+    losses: Sequence[float],
+    *,
+    beta: float | None = None,
+    divergence_factor: float = 4.0,
+    run_trial: Callable[[float], float] | None = None,
+) -> dict[str, Any]:
+    """The chosen rate: the curve's analysis (:func:`suggest`), then, with a clear descent, a short
+    confirmation run (``run_trial(lr) -> loss``) at each of ``CANDIDATE_FACTORS`` × the min-loss
+    rate of the polynomial fit, keeping the rate whose run ends lowest.  Without ``run_trial`` or
+    without a clear descent, :func:`suggest`'s value is taken as it is.
+
+    Returns ``learning_rate``, ``method``, ``reason`` (one line), ``candidates``
+    [{lr, trial_loss}] and ``analysis`` (:func:`suggest`'s dict).
+    """
+    analysis = suggest(lrs, losses, beta=beta, divergence_factor=divergence_factor)
+    lo, hi = analysis["lr_range"]
+    if run_trial is None or analysis["method"].startswith("min_loss/10"):
+        return {
+            "learning_rate": analysis["learning_rate"],
+            "method": f"range_test: {analysis['method']}",
+            "reason": f"{analysis['method']}; range {lo:.3g}..{hi:.3g}, no confirmation",
+            "candidates": [],
+            "analysis": analysis,
+        }
+    m = analysis["min_loss_lr"]
+    candidates = []
+    for factor in CANDIDATE_FACTORS:
+        loss = float(run_trial(m * factor))
+        candidates.append({"lr": m * factor, "factor": factor, "trial_loss": loss if math.isfinite(loss) else None})
+    finite = [c for c in candidates if c["trial_loss"] is not None]
+    if not finite:
+        raise StageError(
+            "every confirmation run diverged (rates "
+            + ", ".join(f"{c['lr']:.3g}" for c in candidates)
+            + "); the range test's minimum is not a usable rate: set training.learning_rate"
+        )
+    best = min(finite, key=lambda c: c["trial_loss"])
+    return {
+        "learning_rate": best["lr"],
+        "method": f"range_test+confirm: poly{analysis['poly']['degree']} min-loss x {best['factor']:g}",
+        "reason": (
+            f"min-loss rate {m:.3g} of the poly{analysis['poly']['degree']} fit (range {lo:.3g}..{hi:.3g}); "
+            f"of x{', x'.join(f'{f:g}' for f in CANDIDATE_FACTORS)} its short run with the training's schedule "
+            f"ended lowest at x{best['factor']:g} (loss {best['trial_loss']:.4g})"
+        ),
+        "candidates": candidates,
+        "analysis": analysis,
     }

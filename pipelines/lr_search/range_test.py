@@ -1,23 +1,35 @@
-"""The learning-rate range test: train briefly while the rate rises exponentially, record the loss.
+"""The learning-rate range test, as every rank of the plan runs it (docs/ARCHITECTURE.md,
+"Learning-rate search").
 
-The rate goes from ``lr_min`` to ``lr_max`` geometrically over ``steps`` steps at the planned global
-batch; the test stops early when the smoothed loss exceeds ``divergence_factor`` × its minimum or
-becomes NaN.  This first version runs in one process (``ranks: 1``).
+The rate rises geometrically from ``lr_min`` to ``lr_max``; each step of the test is the trainer's
+compiled synchronous step (:mod:`pipelines.step`) on the plan's heterogeneous local batches with
+weighted gradients, so the curve is the one of one process on the concatenated global batch, and
+the rate is found for the devices and global batch that will train.
+
+Rows: step ``s`` takes rows ``[s·B, (s+1)·B)`` of a seeded permutation of the training split, rank
+``i`` the consecutive ``b_i`` of them.  No row is used twice while the split holds ``steps·B``
+rows; when it does not the test runs fewer steps (down to ``MIN_STEPS``) over the same sweep, and
+below that it reuses rows (:func:`plan_sweep`; the result says which).
+
+The test stops early on divergence (the smoothed loss above ``divergence_factor`` × its minimum,
+or not finite) or on a collapse that does not recover (:class:`CurveWatch`).
 """
 
 from __future__ import annotations
 
 import math
-import time
-from collections.abc import Iterator
-from typing import Any
+from collections.abc import Sequence
+from dataclasses import dataclass
 
-from pipelines.errors import DataError, StageError
+from pipelines.errors import StageError
 
 LR_MIN = 1e-5
 LR_MAX = 10.0
 STEPS = 100
+MIN_STEPS = 50  # a shorter sweep misplaces the minimum (measured: bench/lr_search.py); rows are reused rather
 DIVERGENCE_FACTOR = 4.0
+COLLAPSE_LEVEL = 0.9  # back this far from the minimum to the starting loss ...
+COLLAPSE_POINTS = 0.05  # ... for this fraction of the test's steps (at least 3): collapsed
 
 
 def lr_schedule(lr_min: float, lr_max: float, steps: int) -> list[float]:
@@ -30,120 +42,83 @@ def lr_schedule(lr_min: float, lr_max: float, steps: int) -> list[float]:
     return [lr_min * ratio ** (i / (steps - 1)) for i in range(steps)]
 
 
-def load_training_rows(preload: dict[str, Any], max_rows: int, seed: int = 0) -> tuple[Any, Any]:
-    """Up to ``max_rows`` training rows from the preloaded Arrow IPC shards, normalised.
+@dataclass(frozen=True)
+class SweepPlan:
+    """How many steps the test runs at global batch B over ``rows`` training rows."""
 
-    Returns ``(x, y)``: the first ``max_rows`` rows, shuffled with ``seed``: float32
-    ``[n, *feature_shape]`` standardised with the preload's ``feature_mean``/``feature_std``, and
-    int32 labels.  Only those rows are gathered from the memory-mapped shards
-    (:func:`pipelines.data.reader.open_split`, which names a missing or wrong shard).
+    steps: int
+    global_batch: int
+    rows: int
+
+    @property
+    def rows_needed(self) -> int:
+        return self.steps * self.global_batch
+
+    @property
+    def reuses_rows(self) -> bool:
+        return self.rows_needed > self.rows
+
+    def describe(self, wanted: int) -> str:
+        """One line for the result: whether the sweep was shortened or rows were reused."""
+        if self.reuses_rows:
+            return (f"rows reused: {self.rows} training rows hold {self.rows // self.global_batch} batches of "
+                    f"{self.global_batch}, fewer than the {self.steps} steps a curve needs "
+                    f"({self.rows_needed / self.rows:.2f} passes)")
+        if self.steps < wanted:
+            return (f"fewer steps: {self.steps} instead of {wanted}, so that no row is used twice "
+                    f"({self.rows} rows, batches of {self.global_batch})")
+        return f"{self.steps} steps, no row used twice"
+
+
+def plan_sweep(rows: int, global_batch: int, steps: int = STEPS, min_steps: int = MIN_STEPS) -> SweepPlan:
+    """``steps`` when the rows allow it without reuse, else as many as they allow, but never fewer
+    than ``min_steps`` (then rows are reused)."""
+    if rows < 1 or global_batch < 1:
+        raise StageError(f"range test needs rows and a global batch, got {rows} rows and batch {global_batch}")
+    fit = rows // global_batch
+    return SweepPlan(steps=max(min(steps, fit), min(steps, min_steps)), global_batch=global_batch, rows=rows)
+
+
+def rank_rows(step: int, batches: Sequence[int], rank: int, rows: int) -> tuple[int, int, int]:
+    """``(start, stop, size)``: positions in the permutation of ``rank``'s slice of ``step`` (taken
+    modulo ``rows`` when the test reuses rows)."""
+    start = step * sum(batches) + sum(batches[:rank])
+    return start, start + batches[rank], batches[rank]
+
+
+class CurveWatch:
+    """The early stop, point by point, on the bias-corrected smoothed loss
+    (:func:`pipelines.lr_search.curve.smooth`, the same numbers).
+
+    ``add(loss)`` returns None to go on, ``"diverged"`` when the smoothed loss is not finite or
+    exceeds ``divergence_factor`` × its running minimum (after the first ``skip`` points), or
+    ``"collapsed"`` when, after a real descent, it has climbed back ``COLLAPSE_LEVEL`` of the way
+    to its starting level and stayed there for ``patience`` points (a model stuck at chance level
+    does not recover; the rest of the sweep would only cost time).
     """
-    import numpy as np
 
-    from pipelines.data.reader import open_split
+    def __init__(self, beta: float, steps: int, divergence_factor: float = DIVERGENCE_FACTOR, skip: int = 3):
+        from pipelines.lr_search.curve import MIN_RELATIVE_DROP
 
-    shape = tuple(int(d) for d in preload["feature_shape"])
-    rows, labels = open_split(preload, "train")
-    order = np.random.default_rng(seed).permutation(min(max_rows, len(labels)))
-    std = float(preload.get("feature_std") or 1.0)
-    x = (rows[order] - float(preload.get("feature_mean", 0.0))) / (std if std > 0 else 1.0)
-    return x.reshape(len(order), *shape).astype(np.float32), labels[order]
+        self.beta, self.factor, self.skip = beta, divergence_factor, skip
+        self.patience = max(3, math.ceil(COLLAPSE_POINTS * steps))
+        self.min_drop = MIN_RELATIVE_DROP
+        self.avg, self.best, self.first = 0.0, math.inf, math.nan
+        self.smoothed: list[float] = []
+        self.above = 0
 
-
-def make_optimizer(optimizer: str, learning_rate: float) -> Any:
-    """Adam when ``optimizer == "adam"``, else SGD with momentum 0.9."""
-    import tensorflow as tf
-
-    if optimizer == "adam":
-        return tf.keras.optimizers.Adam(learning_rate=learning_rate)
-    return tf.keras.optimizers.SGD(learning_rate=learning_rate, momentum=0.9)
-
-
-def make_train_step(model: Any, opt: Any) -> Any:
-    """A ``tf.function`` ``(x, y, lr) -> loss``: one step of ``opt`` at rate ``lr`` on the sparse
-    cross-entropy of ``model``'s logits."""
-    import tensorflow as tf
-
-    loss_fn = tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True)
-
-    @tf.function
-    def train_step(xb, yb, lr):
-        opt.learning_rate.assign(lr)
-        with tf.GradientTape() as tape:
-            loss = loss_fn(yb, model(xb, training=True))
-        grads = tape.gradient(loss, model.trainable_variables)
-        opt.apply_gradients(zip(grads, model.trainable_variables))
-        return loss
-
-    return train_step
-
-
-def cycling_batches(n: int, global_batch: int, seed: int) -> Iterator[Any]:
-    """Endless index arrays of ``global_batch`` rows, going round a seeded permutation of ``n`` rows."""
-    import numpy as np
-
-    order, pos = np.random.default_rng(seed).permutation(n), 0
-    while True:
-        yield np.take(order, np.arange(pos, pos + global_batch), mode="wrap")
-        pos = (pos + global_batch) % n
-
-
-def run_range_test(
-    model: Any,
-    x: Any,
-    y: Any,
-    *,
-    global_batch: int,
-    optimizer: str = "sgd",
-    lr_min: float = LR_MIN,
-    lr_max: float = LR_MAX,
-    steps: int = STEPS,
-    beta: float | None = None,
-    divergence_factor: float = DIVERGENCE_FACTOR,
-    seed: int = 0,
-) -> dict[str, Any]:
-    """Train ``model`` on ``(x, y)`` for up to ``steps`` steps with a rising learning rate.
-
-    SGD with momentum 0.9, or Adam when ``optimizer == "adam"``.  Batches of ``global_batch`` rows
-    cycle through the data.  Returns ``lr``, ``loss``, ``smoothed`` (lists, one per step run),
-    ``steps``, ``diverged_at`` (lr or None), ``beta``, ``global_batch``, ``seconds``.
-    """
-    import tensorflow as tf
-
-    from pipelines.lr_search.curve import auto_beta
-
-    rates = lr_schedule(lr_min, lr_max, steps)
-    beta = auto_beta(steps) if beta is None else beta
-    n = len(y)
-    if n == 0:
-        raise DataError("range test: no training rows")
-    train_step = make_train_step(model, make_optimizer(optimizer, lr_min))
-    batches = cycling_batches(n, global_batch, seed)
-    lrs, losses, smoothed = [], [], []
-    avg, best, diverged_at = 0.0, math.inf, None
-    started = time.perf_counter()
-    for i, lr in enumerate(rates):
-        idx = next(batches)
-        loss = float(
-            train_step(tf.constant(x[idx]), tf.constant(y[idx]), tf.constant(lr, tf.float32)).numpy()
-        )
-        # The bias-corrected average and divergence rule of pipelines.lr_search.curve, step by step.
-        avg = beta * avg + (1 - beta) * loss if math.isfinite(loss) else math.nan
-        s = avg / (1 - beta ** (i + 1))
-        lrs.append(lr)
-        losses.append(loss)
-        smoothed.append(s)
-        if not math.isfinite(s) or (i >= 3 and s > divergence_factor * best):
-            diverged_at = lr
-            break
-        best = min(best, s)
-    return {
-        "lr": lrs,
-        "loss": losses,
-        "smoothed": smoothed,
-        "steps": len(lrs),
-        "diverged_at": diverged_at,
-        "beta": beta,
-        "global_batch": int(global_batch),
-        "seconds": time.perf_counter() - started,
-    }
+    def add(self, loss: float) -> str | None:
+        i = len(self.smoothed)
+        loss = float(loss)
+        self.avg = self.beta * self.avg + (1 - self.beta) * loss if math.isfinite(loss) and math.isfinite(self.avg) else math.nan
+        s = self.avg / (1 - self.beta ** (i + 1))
+        self.smoothed.append(s)
+        if not math.isfinite(s) or (i >= self.skip and s > self.factor * self.best):
+            return "diverged"
+        if i == 0:
+            self.first = s
+        self.best = min(self.best, s)
+        descended = self.first - self.best > self.min_drop * abs(self.first)
+        level = self.best + COLLAPSE_LEVEL * (self.first - self.best)
+        self.above = self.above + 1 if descended and s >= level else 0
+        return "collapsed" if self.above >= self.patience else None

@@ -9,20 +9,19 @@ local launcher knows: ``quota_enforced`` and ``launcher_seconds``.
 from __future__ import annotations
 
 import logging
-import sys
 
 from pipelines.errors import StageError
 from pipelines.plan import run_plan
 from pipelines.rundir import RunDir
 from pipelines.spec import JobSpec, load_pool
-from pipelines.stages import StageContext, rank_command
+from pipelines.stages import StageContext
 from pipelines.train.result import STAGE, completed, train_input_key
 
 log = logging.getLogger(__name__)
 
 
 def run(spec: JobSpec, run_dir: RunDir, ctx: StageContext) -> dict:
-    from pipelines.launch.local import launch, profiles_from_pool
+    from pipelines.launch.local import launch_plan
 
     plan = run_plan(run_dir, pool=load_pool(spec.pool))  # no more ranks of a type than the pool has
     key = train_input_key(spec, run_dir, plan)
@@ -32,10 +31,7 @@ def run(spec: JobSpec, run_dir: RunDir, ctx: StageContext) -> dict:
         return done
     if spec.launcher != "local":
         raise StageError("the train stage runs ranks locally; with launcher=kubernetes the HorovodJobOperator starts the pods")
-    profiles = profiles_from_pool(spec.pool, [r["device"] for r in plan["ranks"]])
-    job = f"{ctx.dag_id}-{ctx.run_id}-{ctx.try_number}"[-60:]
-    command = rank_command(str(run_dir), sys.executable, fresh=ctx.fresh)
-    result = launch(command, profiles, job="".join(c if c.isalnum() or c in "-_" else "_" for c in job))
+    result = launch_plan(STAGE, spec, run_dir, ctx, plan)
     if result.returncode != 0:
         raise StageError(f"training failed: {result.message}")
     done = completed(out, key)

@@ -74,27 +74,11 @@ def out_dir(args: argparse.Namespace) -> str:
     return args.out or os.path.join(args.run_dir, "train")
 
 
-def print_result(result: dict) -> None:
-    """The result as the last line of standard output: the task's result on either launcher."""
-    import json
-
-    print(json.dumps(result, sort_keys=True, default=str), flush=True)
-
-
-def configure_threads() -> None:
-    """Match TensorFlow's thread pools to the CPU quota (before TensorFlow starts its runtime)."""
-    import tensorflow as tf
-
-    threads = int(os.environ.get("HETERO_CPU_THREADS", "0"))
-    if threads > 0:
-        tf.config.threading.set_intra_op_parallelism_threads(threads)
-        tf.config.threading.set_inter_op_parallelism_threads(threads)
-
-
 def main(argv: list[str] | None = None) -> int:
     """Train one rank; rank 0 prints the stage result last.  Every rank first looks for a result
     of the same inputs (the same file on the shared run directory, so all ranks agree) and, when
     there is one, exits at once without joining the rendezvous; rank 0 prints it."""
+    from pipelines.comm import horovod_job, print_result
     from pipelines.launch.lifetime import die_with_parent
     from pipelines.train.result import completed
 
@@ -113,23 +97,12 @@ def main(argv: list[str] | None = None) -> int:
         if rank == "0":
             print_result(done)
         return 0
-    from pipelines.launch.rendezvous import maybe_host_rendezvous
-
-    rendezvous = maybe_host_rendezvous()  # on Kubernetes rank 0 hosts the Gloo rendezvous
-    configure_threads()
-    import horovod.tensorflow as hvd
-
-    from pipelines.train.comm import init_horovod
-
-    init_horovod(hvd)  # joins the Gloo rendezvous (blocks until every rank has arrived)
-    try:
-        result = Trainer(args, hvd, key).fit()
-    except TrainingError as e:
-        log.error("%s", e)
-        return 3
-    finally:
-        if rendezvous is not None:
-            rendezvous.shutdown()
+    with horovod_job() as hvd:
+        try:
+            result = Trainer(args, hvd, key).fit()
+        except TrainingError as e:
+            log.error("%s", e)
+            return 3
     if rank == "0":
         print_result(result)
     return 0
@@ -142,10 +115,10 @@ class Trainer:
         import tensorflow as tf
 
         from pipelines.models import build_model
+        from pipelines.step import build_steps, make_optimizer
         from pipelines.train.checkpoints import Checkpoints
         from pipelines.train.job import cpu_quota_reader, load_job
         from pipelines.train.rebalance import Rebalancer
-        from pipelines.train.step import build_steps
 
         self.args, self.hvd, self.tf = args, hvd, tf
         self.key = key  # the input key the result is stored under (result_key)
@@ -156,10 +129,7 @@ class Trainer:
         t = job.spec.training
         tf.keras.utils.set_random_seed(t.seed)  # Python, NumPy and TF: the same initial weights on every run
         self.model = build_model(job.spec.model.name, job.shape, job.spec.dataset.num_classes, job.spec.model.kwargs)
-        if t.optimizer == "adam":
-            self.optimizer = tf.keras.optimizers.Adam(learning_rate=job.base_lr)
-        else:
-            self.optimizer = tf.keras.optimizers.SGD(learning_rate=job.base_lr, momentum=0.9)
+        self.optimizer = make_optimizer(t.optimizer, job.base_lr)
         self.checkpoints = Checkpoints(job.out / "checkpoints", self.model, self.optimizer, self.batches)
         self.steps = build_steps(self.model, self.optimizer, hvd, job.shape, job.mean, job.std)
         self.rebalancer = Rebalancer(job.placement.global_batch, job.placement.caps, t.rebalance_threshold,
@@ -292,8 +262,8 @@ class Trainer:
     def calibrate(self) -> list[int]:
         """Every rank times forward+backward at its batch; returns B split by the speeds."""
         from pipelines.balance import allocate
+        from pipelines.step import step_weight
         from pipelines.train.calibration import calibration_batch, probe_rate
-        from pipelines.train.step import step_weight
 
         b = max(1, self.batches[self.rank])
         x, y = calibration_batch(self.job.x, self.job.y, self.job.shape, b)

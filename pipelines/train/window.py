@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from pipelines.balance import StepSlice, balance_efficiency, epoch_steps
-from pipelines.train.step import step_weight
+from pipelines.step import step_weight
 
 # The columns of ``figs``: the order of Window.figures().
 FIGURES = ("compute_s", "wait_s", "input_s", "samples", "seconds", "rate")
@@ -25,7 +25,7 @@ class WindowPlan:
 
     mine: list[StepSlice]  # per step, this rank's rows (positions in the epoch's permutation)
     rows: list[int]  # per step, the rows of all ranks together
-    weights: list[float]  # per step, this rank's loss weight (see pipelines.train.step)
+    weights: list[float]  # per step, this rank's loss weight (see pipelines.step)
 
 
 def plan_window(num_rows: int, pos: int, batches: Sequence[int], steps: int, rank: int) -> WindowPlan:

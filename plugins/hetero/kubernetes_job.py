@@ -596,14 +596,17 @@ class HorovodGang:
 
 
 class HorovodJobOperator(BaseOperator):
-    """Run the Horovod trainer as one pod per rank of a plan, as a gang.
+    """Run a rank program as one pod per rank of a plan, as a gang: the Horovod trainer
+    (``stage="train"``) or the distributed learning-rate range test (``stage="lr_search"``).
 
     :param spec_json: the job spec (JSON text, a dict, or a path the worker can read). (templated)
     :param plan: the plan (dict, JSON, the estimate stage's result, or a path to plan.json); None
         for one rank per device of the pool. (templated)
     :param run_dir: the run directory as pods see it (default: under the artifact volume). (templated)
     :param pool: pool file path or dict (default: the spec's ``pool``). (templated)
-    :param fresh: train even when the run directory holds a result for the same inputs.
+    :param stage: whose rank program the pods run: ``train`` or ``lr_search``
+        (``pipelines.stages.RANK_PROGRAMS``).
+    :param fresh: run even when the run directory holds a result for the same inputs.
     :param kubernetes_conn_id: Airflow connection (default: the spec's ``kubernetes.kubernetes_conn_id``).
     :param poll_interval: seconds between status polls.
     :param log_tail_lines: log lines of a failed rank quoted in the error.
@@ -633,9 +636,15 @@ class HorovodJobOperator(BaseOperator):
         log_tail_lines: int = 40,
         fresh: bool = False,
         deferrable: bool = False,
+        stage: str = "train",
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
+        from pipelines.stages import RANK_PROGRAMS
+
+        if stage not in RANK_PROGRAMS:
+            raise ValueError(f"stage {stage!r} does not run as ranks; choose from {sorted(RANK_PROGRAMS)}")
+        self.stage = stage
         self.fresh = fresh
         self.deferrable = deferrable
         self.spec_json = spec_json
@@ -657,7 +666,8 @@ class HorovodJobOperator(BaseOperator):
         spec = load_spec(self.spec_json)
         pool = load_pool(carried_inputs(spec, self.pool)["pool"])
         plan = load_plan(self.plan) if self.plan not in (None, "", "None") else default_plan(spec, pool)
-        return spec, k8s.job_manifests(spec, pool, plan, identity, self.run_dir or None, fresh=self.fresh)
+        manifests = k8s.job_manifests(spec, pool, plan, identity, self.run_dir or None, fresh=self.fresh, stage=self.stage)
+        return spec, manifests
 
     def build_pods(self, identity: k8s.Identity) -> tuple[Any, dict[str, Any], list[k8s_models.V1Pod]]:
         """``(spec, service manifest, [V1Pod per rank])`` rendered through the provider's pod construction."""

@@ -2,8 +2,8 @@
 
 With ``launcher=local`` the stage runs as a subprocess in the trainer environment (the train
 stage starts its ranks with the local Horovod launcher).  With ``launcher=kubernetes`` the stage
-runs as one pod (``StagePodOperator``) and the train stage as a gang of rank pods
-(``HorovodJobOperator``); with ``kubernetes.deferrable`` both hand their wait to the triggerer and
+runs as one pod (``StagePodOperator``) and the train stage, and lr_search's range test, as a gang
+of the plan's rank pods (``HorovodJobOperator``); with ``kubernetes.deferrable`` both hand their wait to the triggerer and
 resume in ``execute_complete``.  Either way the task returns the stage's small JSON result as XCom,
 and killing the task stops everything the stage started.
 """
@@ -40,13 +40,13 @@ class PipelineStageOperator(BaseOperator):
         if spec.launcher == "local":
             self._delegate = LocalStage(self.stage, spec, stage_context(context))
             return self._delegate.run()
-        if self.stage == "train":
+        if self.runs_ranks(spec):
             from hetero.kubernetes_job import HorovodJobOperator
 
             estimate = context["ti"].xcom_pull(task_ids=self.plan_task_id) or {}
             self._delegate = HorovodJobOperator(
                 task_id=self.task_id, spec_json=spec.to_json(), plan=estimate.get("plan"),
-                deferrable=spec.kubernetes.deferrable,
+                deferrable=spec.kubernetes.deferrable, stage=self.stage,
             )
         else:
             from hetero.kubernetes_stage import StagePodOperator
@@ -63,16 +63,22 @@ class PipelineStageOperator(BaseOperator):
         (:meth:`hetero.kubernetes_job.HorovodJobOperator.execute_complete`) or a stage pod's
         (:meth:`hetero.kubernetes_stage.StagePodOperator.execute_complete`)."""
         spec = validate_params(context["params"])
-        if self.stage == "train":
+        if self.runs_ranks(spec):
             from hetero.kubernetes_job import HorovodJobOperator
 
-            self._delegate = HorovodJobOperator(task_id=self.task_id, spec_json=spec.to_json(), deferrable=True)
+            self._delegate = HorovodJobOperator(task_id=self.task_id, spec_json=spec.to_json(), deferrable=True,
+                                                stage=self.stage)
         else:
             from hetero.kubernetes_stage import StagePodOperator
 
             self._delegate = StagePodOperator(task_id=self.task_id, stage=self.stage, spec_json=spec.to_json(),
                                               deferrable=True)
         return self._delegate.execute_complete(context, event)
+
+    def runs_ranks(self, spec) -> bool:
+        """On Kubernetes, train and lr_search's range test run as the plan's rank pods; a fixed
+        ``training.learning_rate`` needs no test, and lr_search runs as one small stage pod."""
+        return self.stage == "train" or (self.stage == "lr_search" and spec.training.learning_rate == "auto")
 
     def calibrate_on_kubernetes(self, spec, context) -> None:
         """One calibration pod per device type, in parallel, before the estimate stage's pod; skipped

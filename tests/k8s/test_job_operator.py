@@ -284,6 +284,38 @@ def test_fresh_rank_pods_do_not_return_a_stored_result(spec_doc, mixed_plan, fre
         assert command == rank_command(run_dir, fresh=fresh)
 
 
+def test_lr_search_runs_the_range_test_as_the_plans_rank_pods(spec_doc, mixed_plan):
+    """The range test's gang: the plan's ranks on their devices, running lr_search's rank program;
+    a stage that does not run as ranks is refused."""
+    op = HorovodJobOperator(task_id="lr_search", spec_json=spec_doc, plan=mixed_plan, stage="lr_search")
+    identity = identity_from_context(make_context(task_id="lr_search"))
+    _, manifests = op.build_manifests(identity)
+    assert len(manifests["pods"]) == len(mixed_plan["ranks"])
+    for pod, r in zip(manifests["pods"], sorted(mixed_plan["ranks"], key=lambda r: r["rank"]), strict=True):
+        command = pod["spec"]["containers"][0]["command"]
+        run_dir = command[command.index("--run-dir") + 1]
+        assert command == rank_command(run_dir, stage="lr_search")
+        assert command[:3] == ["python", "-m", "pipelines.lr_search.ranks"]
+        assert pod["metadata"]["labels"]["task_id"] == "lr_search" and pod["metadata"]["labels"]["device_type"] == r["device"]
+    with pytest.raises(ValueError, match="does not run as ranks"):
+        HorovodJobOperator(task_id="analyze", spec_json=spec_doc, plan=mixed_plan, stage="analyze")
+
+
+@pytest.mark.parametrize(("learning_rate", "gang"), [("auto", True), (0.01, False)])
+def test_the_lr_search_task_starts_a_gang_only_when_there_is_a_rate_to_search(monkeypatch, spec_doc, learning_rate, gang):
+    from hetero.kubernetes_stage import StagePodOperator
+    from hetero.operators import PipelineStageOperator
+
+    started = []
+    monkeypatch.setattr(HorovodJobOperator, "execute", lambda self, ctx: started.append(("gang", self.stage)) or {})
+    monkeypatch.setattr(StagePodOperator, "execute", lambda self, ctx: started.append(("pod", self.stage)) or {})
+    context = make_context(task_id="lr_search")
+    context["params"] = {**spec_doc, "training": {**spec_doc.get("training", {}), "learning_rate": learning_rate}}
+    context["ti"].xcom_pull = lambda task_ids: {"plan": None}
+    PipelineStageOperator(task_id="lr_search", stage="lr_search").execute(context)
+    assert started == [("gang" if gang else "pod", "lr_search")]
+
+
 def test_the_pod_template_file_is_merged_under_the_pods(tmp_path, spec_doc, mixed_plan):
     template = {
         "apiVersion": "v1",

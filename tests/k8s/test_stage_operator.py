@@ -131,9 +131,9 @@ def test_the_dag_task_runs_the_same_command_on_either_launcher(monkeypatch, tmp_
     monkeypatch.setattr(KubernetesPodOperator, "execute", fake_execute)
 
     def run(launcher):
-        context = task_context("lr_search", try_number=3)
+        context = task_context("analyze", try_number=3)
         context["params"] = dict(spec_doc, launcher=launcher)
-        return PipelineStageOperator(task_id="lr_search", stage="lr_search").execute(context)
+        return PipelineStageOperator(task_id="analyze", stage="analyze").execute(context)
 
     local = run("local")["argv"]
     assert run("kubernetes") == {"ok": True}
@@ -142,7 +142,7 @@ def test_the_dag_task_runs_the_same_command_on_either_launcher(monkeypatch, tmp_
     specs = [json.loads(c[at]) for c in (local, pod)]
     assert [s.pop("launcher") for s in specs] == ["local", "kubernetes"] and specs[0] == specs[1]
     assert local[:at] + local[at + 1 :] == pod[:at] + pod[at + 1 :]
-    assert local[:3] == ["-m", "pipelines", "lr_search"]
+    assert local[:3] == ["-m", "pipelines", "analyze"]
 
 
 def test_a_local_stage_that_fails_quotes_its_error_lines(tmp_path, spec_doc):

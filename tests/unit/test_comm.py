@@ -7,7 +7,7 @@ import threading
 
 import pytest
 
-from pipelines.train import comm
+from pipelines import comm
 
 pytestmark = pytest.mark.skipif(not os.path.isdir("/proc/self/task"), reason="needs Linux /proc")
 

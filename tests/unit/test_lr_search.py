@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import math
 
 import numpy as np
@@ -10,16 +9,21 @@ import pytest
 
 from pipelines.errors import StageError
 from pipelines.lr_search.curve import (
+    CANDIDATE_FACTORS,
     MIN_POINTS,
+    choose,
+    confirmation,
     ema_lag,
+    fastai_valley,
     find_divergence,
     fit_points,
+    lightning_steepest,
     log_fit,
     pick_rate,
     smooth,
     suggest,
 )
-from pipelines.lr_search.range_test import cycling_batches, lr_schedule
+from pipelines.lr_search.range_test import MIN_STEPS, CurveWatch, lr_schedule, plan_sweep, rank_rows
 
 pytestmark = pytest.mark.trainer
 
@@ -177,107 +181,156 @@ def test_lr_schedule():
         lr_schedule(1.0, 0.1, 10)
 
 
-# ------------------------------------------------------------------ real range test and stage
+# ------------------------------------------------------------------ the sweep's rows and early stop
 
 
-def test_cycling_batches_go_round_a_seeded_permutation():
-    batches = cycling_batches(10, 4, seed=3)
-    rows = np.concatenate([next(batches) for _ in range(5)])  # 20 rows: twice round the data
-    assert sorted(rows[:10]) == list(range(10)) and list(rows[10:]) == list(rows[:10])
-    assert list(next(cycling_batches(10, 4, seed=3))) == list(rows[:4])  # same seed, same order
-    assert list(next(cycling_batches(10, 4, seed=4))) != list(rows[:4])
+def test_plan_sweep_never_reuses_a_row_where_the_data_allows():
+    full = plan_sweep(rows=10_000, global_batch=64)
+    assert full.steps == 100 and not full.reuses_rows and full.describe(100) == "100 steps, no row used twice"
+    short = plan_sweep(rows=5426, global_batch=64)  # 84 batches of 64
+    assert short.steps == 84 and not short.reuses_rows
+    assert short.describe(100).startswith("fewer steps: 84 instead of 100")
+    tiny = plan_sweep(rows=5426, global_batch=256)  # 21 batches: too few for a curve
+    assert tiny.steps == MIN_STEPS and tiny.reuses_rows and tiny.rows_needed == MIN_STEPS * 256
+    assert tiny.describe(100).startswith("rows reused: 5426 training rows hold 21 batches of 256")
+    with pytest.raises(StageError, match="0 rows"):
+        plan_sweep(rows=0, global_batch=8)
 
 
+def test_rank_rows_are_consecutive_slices_of_the_step():
+    batches = [5, 0, 3]
+    assert [rank_rows(2, batches, r, 100) for r in range(3)] == [(16, 21, 5), (21, 21, 0), (21, 24, 3)]
 
 
-def _write_shard(path, n: int, side: int = 6, classes: int = 3, seed: int = 0) -> dict:
-    """A learnable toy dataset as an Arrow IPC file shard, and the preload result describing it."""
-    import pyarrow as pa
-
-    rng = np.random.default_rng(seed)
-    y = rng.integers(0, classes, n).astype(np.int32)
-    x = rng.normal(0, 1, (n, side * side)).astype(np.float32)
-    x[:, :classes] += 3.0 * np.eye(classes, dtype=np.float32)[y]
-    feats = pa.FixedSizeListArray.from_arrays(pa.array(x.ravel(), pa.float32()), side * side)
-    table = pa.table({"features": feats, "label": pa.array(y, pa.int32())})
-    with pa.OSFile(str(path), "wb") as sink, pa.ipc.new_file(sink, table.schema) as writer:
-        writer.write_table(table, max_chunksize=128)
-    return {
-        "train_shards": [str(path)],
-        "rows_train": n,
-        "num_classes": classes,
-        "feature_shape": [side, side, 1],
-        "feature_mean": float(x.mean()),
-        "feature_std": float(x.std()),
-        "input_key": "preload-test",
-    }
+def test_curve_watch_smooths_as_smooth_does_and_stops_on_divergence():
+    losses = [2.3, 2.2, 2.0, 1.6, 1.2, 1.0, 0.9, 1.5, 4.0, 9.0]
+    watch = CurveWatch(beta=0.6, steps=100)
+    reasons = [watch.add(v) for v in losses]
+    first = next(i for i, r in enumerate(reasons) if r)
+    assert reasons[first] == "diverged" and first == 9  # smoothed > 4 x its minimum
+    np.testing.assert_allclose(watch.smoothed, smooth(losses[: first + 1], 0.6))
+    assert CurveWatch(0.6, 100).add(float("nan")) == "diverged"
 
 
-def test_load_training_rows_reads_and_normalises(tmp_path):
-    from pipelines.lr_search.range_test import load_training_rows
-
-    pre = _write_shard(tmp_path / "s.arrow", 300)
-    x, y = load_training_rows(pre, 200)
-    assert x.shape == (200, 6, 6, 1) and x.dtype == np.float32 and y.dtype == np.int32
-    x_all, _ = load_training_rows(pre, 10_000)
-    assert len(x_all) == 300
-    assert abs(float(x_all.mean())) < 1e-4 and float(x_all.std()) == pytest.approx(1.0, rel=1e-3)
-
-
-def test_make_optimizer():
-    from pipelines.lr_search.range_test import make_optimizer
-
-    sgd, adam = make_optimizer("sgd", 0.01), make_optimizer("adam", 0.02)
-    assert type(sgd).__name__ == "SGD" and float(sgd.momentum) == pytest.approx(0.9)
-    assert type(adam).__name__ == "Adam" and float(adam.learning_rate) == pytest.approx(0.02)
+def test_curve_watch_stops_on_a_collapse_that_does_not_recover():
+    fall = list(np.linspace(2.3, 1.0, 20))
+    stuck = [2.29] * 20  # back at chance level, never 4x the minimum
+    watch = CurveWatch(beta=0.0, steps=100)  # patience: 5% of 100 steps
+    reasons = [watch.add(v) for v in fall + stuck]
+    assert reasons.index("collapsed") == 20 + 4 and "diverged" not in reasons
+    # a bump that comes back down is not a collapse
+    watch = CurveWatch(beta=0.0, steps=100)
+    assert not any(watch.add(v) for v in fall + [2.2, 2.2, 1.0, 0.9] + [0.8] * 10)
+    # without a descent first, a flat curve is never "collapsed"
+    watch = CurveWatch(beta=0.0, steps=100)
+    assert not any(watch.add(2.3) for _ in range(50))
 
 
-def test_real_range_test_gives_a_finite_rate(tmp_path):
-    import tensorflow as tf
-
-    from pipelines.lr_search.range_test import load_training_rows, run_range_test
-    from pipelines.models import build_model
-
-    pre = _write_shard(tmp_path / "s.arrow", 600)
-    x, y = load_training_rows(pre, 600)
-    tf.keras.utils.set_random_seed(0)
-    model = build_model("tiny_mlp", (6, 6, 1), 3, {"hidden": [16]})
-    test = run_range_test(model, x, y, global_batch=32, lr_min=1e-4, lr_max=10.0, steps=30)
-    assert 10 <= test["steps"] <= 30 and len(test["loss"]) == test["steps"]
-    out = suggest(test["lr"], test["loss"], beta=test["beta"])
-    assert 1e-4 <= out["learning_rate"] <= 10.0 and math.isfinite(out["learning_rate"])
-    assert out["lr_range"][0] <= out["lr_range"][1]
+# ------------------------------------------------------------------ the choice
 
 
-def test_stage_runs_is_idempotent_and_passes_a_fixed_rate(tmp_path, monkeypatch):
-    import pipelines.lr_search.stage as stage
+def test_choose_confirms_candidates_around_the_minimum_and_keeps_the_best_run():
+    lrs, loss = u_shaped()
+    tried = []
+
+    def trial(lr):  # a known optimum at 3x the curve's min-loss rate
+        tried.append(lr)
+        return (math.log10(lr) - math.log10(3 * m)) ** 2 + 0.1
+
+    m = suggest(lrs, loss)["min_loss_lr"]
+    out = choose(lrs, loss, run_trial=trial)
+    assert tried == pytest.approx([m * f for f in CANDIDATE_FACTORS])
+    best = min(CANDIDATE_FACTORS, key=lambda f: abs(math.log10(f / 3)))
+    assert out["learning_rate"] == pytest.approx(m * best)
+    assert [c["factor"] for c in out["candidates"]] == list(CANDIDATE_FACTORS)
+    assert f"x{best:g}" in out["reason"] and "range" in out["reason"]
+    assert out["method"].startswith("range_test+confirm")
+
+
+def test_choose_says_when_every_confirmation_diverged():
+    lrs, loss = u_shaped()
+    with pytest.raises(StageError, match="every confirmation run diverged"):
+        choose(lrs, loss, run_trial=lambda lr: float("inf"))
+
+
+def test_choose_on_a_flat_curve_falls_back_without_confirmation():
+    lrs = np.geomspace(1e-5, 1, 40)
+    called = []
+    out = choose(lrs, 1.0 + np.random.default_rng(1).normal(0, 1e-3, 40), run_trial=called.append)
+    assert not called and out["candidates"] == []
+    assert "no clear descent" in out["method"] and "no confirmation" in out["reason"]
+
+
+def test_choose_rejects_an_all_nan_curve():
+    with pytest.raises(StageError, match="too short before divergence"):
+        choose(np.geomspace(1e-5, 1, 40), [float("nan")] * 40, run_trial=lambda lr: 1.0)
+
+
+def test_confirmation_runs_are_a_fraction_of_the_training():
+    class T:
+        epochs, warmup_epochs = 2, 0.5
+
+    short = confirmation(T, rows=5426, global_batch=256)  # 42 training steps
+    assert short.steps == 32 and short.warmup == 8  # at least 32 steps; a quarter warm-up
+    long = confirmation(T, rows=1_000_000, global_batch=64)
+    assert long.steps == 64 and long.warmup == 16
+
+
+def test_reference_rules_on_a_known_curve():
+    lrs = np.geomspace(1e-4, 1, 50)
+    x = np.log10(lrs)
+    smoothed = 2.0 - 1.0 / (1 + np.exp(-4 * (x + 2)))  # steepest at 10^-2, falling all the way
+    assert lightning_steepest(lrs, smoothed) == pytest.approx(1e-2, rel=0.25)
+    valley = fastai_valley(lrs, smoothed)
+    assert lrs[0] < valley < lrs[-1]  # a third and a half along the whole decreasing run
+    assert fastai_valley(lrs, [float("nan")] * 50) is None
+
+
+# ------------------------------------------------------------------ the stage, without ranks
+
+
+def _run_dir(tmp_path):
     from pipelines.rundir import RunDir, write_json
+
+    run_dir = RunDir(tmp_path / "run")
+    write_json(run_dir.result_path("preload"), {"train_shards": [], "input_key": "pre"})
+    plan = {"global_batch": 24, "ranks": [{"rank": 0, "device": "fast", "batch": 16}, {"rank": 1, "device": "slow", "batch": 8}]}
+    write_json(tmp_path / "run" / "estimate" / "plan.json", plan)
+    return run_dir, plan
+
+
+SPEC = {"dataset": {"uri": "/data", "feature_shape": [6, 6, 1], "num_classes": 3}, "model": {"name": "tiny_mlp"}}
+
+
+def test_stage_passes_a_fixed_rate_scaled_to_the_plans_batch(tmp_path):
+    from pipelines.lr_search.stage import run
     from pipelines.spec import load_spec
     from pipelines.stages import StageContext
 
-    monkeypatch.setattr(stage, "STEPS", 25)
-    monkeypatch.setattr(stage, "LR_MIN", 1e-4)
-    run_dir = RunDir(tmp_path / "run")
-    write_json(run_dir.result_path("preload"), _write_shard(tmp_path / "s.arrow", 400))
-    write_json(run_dir.result_path("estimate"), {"plan": {"global_batch": 24, "ranks": [{"rank": 0, "device": "fast", "batch": 24}]}, "input_key": "est"})
-    doc = {
-        "dataset": {"uri": str(tmp_path), "feature_shape": [6, 6, 1], "num_classes": 3},
-        "model": {"name": "tiny_mlp", "kwargs": {"hidden": [8]}},
-    }
-    result = stage.run(load_spec(doc), run_dir, StageContext())
-    assert result["global_batch"] == 24 and result["ranks"] == 1
-    assert result["method"].startswith("range_test")
-    assert len(result["curve"]["lr"]) == result["steps"] == len(result["curve"]["smoothed"])
-    lo, hi = result["lr_range"]
-    assert 1e-4 <= lo <= hi and result["learning_rate"] > 0
-    assert (tmp_path / "run" / "lr_search" / "curve.png").stat().st_size > 1000
-    json.dumps(result, allow_nan=False)  # strict JSON
-
-    write_json(run_dir.result_path("lr_search"), result)
-    again = stage.run(load_spec(doc), run_dir, StageContext())
-    assert again == json.loads(json.dumps(result))  # returned from disk, not recomputed
-
-    fixed = stage.run(load_spec({**doc, "training": {"learning_rate": 0.05}}), run_dir, StageContext())
+    run_dir, _ = _run_dir(tmp_path)
+    fixed = run(load_spec({**SPEC, "training": {"learning_rate": 0.05}}), run_dir, StageContext())
     # 0.05 applies at reference_batch (64); at the planned B = 24 the trainer uses 0.05 * 24 / 64
-    assert fixed["method"] == "fixed" and fixed["global_batch"] == 24
+    assert fixed["method"] == "fixed" and fixed["global_batch"] == 24 and fixed["steps"] == 0
     assert fixed["learning_rate"] == pytest.approx(0.05 * 24 / 64)
+    assert not (tmp_path / "run" / "lr_search").exists()  # no ranks, nothing written but the result
+
+
+def test_stage_returns_a_stored_result_for_the_same_inputs_and_reruns_for_others(tmp_path):
+    from pipelines.lr_search.ranks import test_settings
+    from pipelines.lr_search.result import search_key
+    from pipelines.lr_search.stage import run
+    from pipelines.rundir import write_json
+    from pipelines.spec import load_spec
+    from pipelines.stages import StageContext
+
+    run_dir, plan = _run_dir(tmp_path)
+    spec = load_spec(SPEC)
+    stored = {"learning_rate": 0.1, "input_key": search_key(spec, run_dir, plan, test_settings())}
+    write_json(run_dir.result_path("lr_search"), stored)
+    assert run(spec, run_dir, StageContext()) == stored
+    # another optimizer is another search; on Kubernetes the gang operator runs it, not this stage
+    other = load_spec({**SPEC, "training": {"optimizer": "adam"}, "launcher": "kubernetes",
+                       "artifact_root": "/mnt/artifacts",
+                       "kubernetes": {"image": "registry.example/trainer:1", "artifact_volume_claim": "shared"}})
+    with pytest.raises(StageError, match="HorovodJobOperator starts the pods"):
+        run(other, run_dir, StageContext())

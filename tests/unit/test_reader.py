@@ -130,18 +130,6 @@ def test_calibration_batch_from_mapped_rows(split):
     assert same_bits(bx.numpy(), x[idx].reshape(-1, 2, 3)) and same_bits(by.numpy(), y[idx])
 
 
-def test_range_test_rows_are_the_first_rows_shuffled_and_normalised(split):
-    from pipelines.lr_search.range_test import load_training_rows
-
-    preload, x, y = split
-    preload = {**preload, "feature_mean": 0.25, "feature_std": 1.5}
-    got_x, got_y = load_training_rows(preload, 40, seed=4)
-    order = np.random.default_rng(4).permutation(40)
-    want = ((x[:40] - 0.25) / 1.5)[order].reshape(40, 2, 3)
-    assert same_bits(got_x, want) and same_bits(got_y, y[:40][order])
-    assert len(load_training_rows(preload, 1000)[1]) == 63
-
-
 def test_holdout_batches_cross_shards(split):
     from pipelines.analyze.evaluate import iter_holdout
 

@@ -64,7 +64,7 @@ def test_the_train_stage_launches_the_rank_command_on_the_plan_devices(run_dir, 
     (command, profiles, job), = calls
     assert command == rank_command(str(run_dir), sys.executable)
     assert [p.device for p in profiles] == ["fast", "slow"]
-    assert job == "cli-r1-1"
+    assert job == "cli-r1-1-train"  # the cgroups of this run, try and stage
     assert result["steps"] == 10 and result["quota_enforced"] is True and result["launcher_seconds"] == 1.5
     assert "history" not in result and "checkpoint_saves" not in result
     assert json.loads((run_dir.root / "train" / "summary.json").read_text())["history"] == [{}]

@@ -84,6 +84,10 @@ def test_pipeline_runs_end_to_end(local_run):
     assert devices == [r["device"] for r in plan["ranks"]] and devices[0] == "fast"
     assert set(devices) <= {"fast", "slow"}
     assert sum(r["batch"] for r in train["ranks"]) == 64
+    # the learning rate was searched on the same ranks: the plan's devices and local batches
+    lr = json.loads((run / "lr_search" / "result.json").read_text())
+    assert lr["ranks"] == len(plan["ranks"]) and lr["batches"] == [r["batch"] for r in plan["ranks"]]
+    assert lr["learning_rate"] in [c["lr"] for c in lr["candidates"]]
     analysis = json.loads((run / "analyze" / "result.json").read_text())
     assert analysis["holdout_accuracy"] > 0.3  # well above chance (0.1) after two short epochs
     assert Path(analysis["report"]).is_file()
@@ -146,11 +150,20 @@ def k8s_run(airflow_env, tiny_dataset, test_cluster, tmp_path_factory):
 
 
 def test_pipeline_runs_end_to_end_on_kubernetes(k8s_run, local_run, test_cluster):
-    """preload, estimate, lr_search and analyze as stage pods, train as a gang of a fast and a slow
-    rank pod running Horovod over Gloo through the rendezvous Service, all on the test cluster."""
+    """preload, estimate and analyze as stage pods; lr_search's range test and train each as a
+    gang of a fast and a slow rank pod running Horovod over Gloo through the rendezvous Service,
+    all on the test cluster."""
     _, run, pod_run, log = k8s_run
     plan = json.loads((run / "estimate" / "plan.json").read_text())
     assert [r["device"] for r in plan["ranks"]] == ["fast", "slow"]
+    lr = json.loads((run / "lr_search" / "result.json").read_text())
+    assert lr["ranks"] == 2 and lr["batches"] == [r["batch"] for r in plan["ranks"]] and lr["run_dir"] == pod_run
+    assert json.dumps(lr, sort_keys=True) in log  # the lr_search task's result is rank 0's last line
+    assert log.count("All 2 ranks succeeded") >= 2, log[-8000:]  # the range test's gang, then training's
+    local_lr = json.loads(next((local_run[0] / "train_pipeline").glob("*/lr_search/result.json")).read_text())
+    assert lr["global_batch"] == local_lr["global_batch"] == 64
+    # the same curve up to float summation order: the same candidates, within one candidate step
+    assert 0.45 < lr["learning_rate"] / local_lr["learning_rate"] < 2.2, (lr["reason"], local_lr["reason"])
     # the gang's result is rank 0's: the result.json the trainer wrote, also its last log line
     train = json.loads((run / "train" / "result.json").read_text())
     assert [r["device"] for r in train["ranks"]] == ["fast", "slow"] and train["global_batch"] == 64

@@ -1,4 +1,9 @@
-"""Horovod's own threads yield the CPU to the rank's compute.
+"""How a rank program joins its Horovod job (the trainer and the distributed range test alike),
+and why Horovod's own threads yield the CPU to the rank's compute.
+
+:func:`horovod_job` is a rank's start: host the Gloo rendezvous on rank 0 of a Kubernetes gang,
+size TensorFlow's thread pools to the CPU limit, join the job; :func:`print_result` is its end,
+the result as the last line of standard output (docs/ARCHITECTURE.md, "Launchers").
 
 ``hvd.init()`` starts Horovod's background thread and Gloo's transport threads.  The background
 thread wakes every cycle (``HOROVOD_CYCLE_TIME``, 1 ms here) to negotiate with the other ranks,
@@ -16,8 +21,12 @@ unprivileged pod too.  ``HETERO_HOROVOD_THREADS=normal`` keeps the default sched
 
 from __future__ import annotations
 
+import contextlib
+import json
 import logging
 import os
+from collections.abc import Iterator
+from typing import Any
 
 log = logging.getLogger("pipelines.train")
 
@@ -61,3 +70,36 @@ def init_horovod(hvd, policy: str | None = None) -> list[int]:
             log.warning("could not lower Horovod thread %d to SCHED_IDLE: %s", tid, e)
     log.debug("Horovod threads %s under SCHED_IDLE", changed)
     return changed
+
+
+def configure_threads() -> None:
+    """Match TensorFlow's thread pools to the CPU quota (before TensorFlow starts its runtime)."""
+    import tensorflow as tf
+
+    threads = int(os.environ.get("HETERO_CPU_THREADS", "0"))
+    if threads > 0:
+        tf.config.threading.set_intra_op_parallelism_threads(threads)
+        tf.config.threading.set_inter_op_parallelism_threads(threads)
+
+
+@contextlib.contextmanager
+def horovod_job() -> Iterator[Any]:
+    """Join the job and yield ``horovod.tensorflow``; on Kubernetes rank 0 hosts the Gloo
+    rendezvous for as long as the block runs."""
+    from pipelines.launch.rendezvous import maybe_host_rendezvous
+
+    rendezvous = maybe_host_rendezvous()
+    try:
+        configure_threads()
+        import horovod.tensorflow as hvd
+
+        init_horovod(hvd)  # joins the Gloo rendezvous (blocks until every rank has arrived)
+        yield hvd
+    finally:
+        if rendezvous is not None:
+            rendezvous.shutdown()
+
+
+def print_result(result: dict) -> None:
+    """The result as the last line of standard output: the task's result on either launcher."""
+    print(json.dumps(result, sort_keys=True, default=str), flush=True)

@@ -1,6 +1,9 @@
 """The compiled step: one synchronous training step in one graph call, and its forward and backward
 pass alone for calibration (docs/ARCHITECTURE.md, "Heterogeneous synchronous training").
 
+Shared by the trainer (``pipelines.train``) and the distributed learning-rate range test
+(``pipelines.lr_search``), so the rate is searched with exactly the step that will train.
+
 Rank i multiplies its *summed* loss by :func:`step_weight`, ``(N * b_i / B) / b_i``: the factor of
 :func:`pipelines.balance.loss_weights` applied to its mean loss.  Horovod's plain average of the
 ranks' gradients is then exactly the gradient of the mean loss over the global batch, and a rank
@@ -34,6 +37,15 @@ def forward_backward(model, x, y, weight, mean: float, std: float):
     grads = tape.gradient(weighted, model.trainable_variables)
     correct = tf.reduce_sum(tf.cast(tf.equal(tf.argmax(logits, -1, output_type=tf.int32), y), tf.float32))
     return grads, tf.stack([weighted, correct * weight])
+
+
+def make_optimizer(name: str, learning_rate: float):
+    """The job's optimizer: Adam when ``name == "adam"``, else SGD with momentum 0.9."""
+    import tensorflow as tf
+
+    if name == "adam":
+        return tf.keras.optimizers.Adam(learning_rate=learning_rate)
+    return tf.keras.optimizers.SGD(learning_rate=learning_rate, momentum=0.9)
 
 
 class Steps(NamedTuple):

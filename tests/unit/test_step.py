@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from pipelines.balance import loss_weights
-from pipelines.train.step import build_steps, forward_backward, step_weight
+from pipelines.step import build_steps, forward_backward, step_weight
 
 pytestmark = pytest.mark.trainer
 
@@ -96,3 +96,12 @@ def test_train_step_applies_the_averaged_gradient_and_times_itself(tf, model):
     assert hvd.calls == traced  # another step, weight or rate: no new trace
     stats2, _ = steps.compute(x, y, weight)
     assert stats2.shape == (2,)
+
+
+def test_make_optimizer_is_the_jobs_optimizer(tf):
+    from pipelines.step import make_optimizer
+
+    sgd, adam = make_optimizer("sgd", 0.01), make_optimizer("adam", 0.02)
+    assert type(sgd).__name__ == "SGD" and float(sgd.momentum) == pytest.approx(0.9)
+    assert float(sgd.learning_rate) == pytest.approx(0.01)
+    assert type(adam).__name__ == "Adam" and float(adam.learning_rate) == pytest.approx(0.02)

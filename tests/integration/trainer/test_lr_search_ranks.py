@@ -1,0 +1,105 @@
+"""The distributed range test on real Horovod ranks (docs/ARCHITECTURE.md, "Learning-rate search").
+
+Two ranks with unequal local batches and weighted gradients trace the same curve as one process
+on the concatenated batch; the lr_search stage runs it on the plan's ranks through the local
+launcher (the fast and slow devices of the local pool, the slow one under a real CPU quota).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import numpy as np
+import pytest
+from conftest import write_run
+
+from pipelines.launch.local import Profile, launch
+
+
+def search_run(run, batches, devices=None, **training):
+    write_run(run, rows=1600, holdout=40, model={"name": "tiny_mlp", "kwargs": {"hidden": [32]}},
+              epochs=2, learning_rate="auto", optimizer="sgd", **training)
+    plan = {"global_batch": sum(batches),
+            "ranks": [{"rank": i, "device": (devices or ["fast"] * len(batches))[i], "batch": b}
+                      for i, b in enumerate(batches)]}
+    (run / "estimate").mkdir(exist_ok=True)
+    (run / "estimate" / "plan.json").write_text(json.dumps(plan))
+    return run
+
+
+def launch_search(run, ranks, extra=()):
+    cmd = [sys.executable, "-m", "pipelines.lr_search.ranks", "--spec", str(run / "spec.json"), "--run-dir", str(run), *extra]
+    lines: list[str] = []
+
+    class Out:
+        def write(self, s):
+            lines.append(s)
+
+        def flush(self):
+            pass
+
+    result = launch(cmd, [Profile() for _ in range(ranks)], timeout_s=240, output=Out())
+    return result, "".join(lines)
+
+
+@pytest.fixture(scope="module")
+def one_process(tmp_path_factory):
+    run = search_run(tmp_path_factory.mktemp("one") / "run", [32])
+    result, out = launch_search(run, 1)
+    assert result.returncode == 0, out[-3000:]
+    return json.loads((run / "lr_search" / "result.json").read_text())
+
+
+def test_two_unequal_ranks_trace_the_one_process_curve(tmp_path, one_process):
+    run = search_run(tmp_path / "run", [20, 12])
+    result, out = launch_search(run, 2)
+    assert result.returncode == 0, out[-3000:]
+    two = json.loads((run / "lr_search" / "result.json").read_text())
+    assert two["ranks"] == 2 and two["batches"] == [20, 12] and two["global_batch"] == 32
+    a, b = np.array(one_process["curve"]["loss"], float), np.array(two["curve"]["loss"], float)
+    n = min(len(a), len(b))
+    assert n >= 20
+    # The same weights step by step: equal losses while the rate is moderate (float summation
+    # order differs, and a diverging curve amplifies it, so compare up to the min-loss rate).
+    upto = int(np.searchsorted(one_process["curve"]["lr"], one_process["min_loss_lr"]))
+    np.testing.assert_allclose(b[:upto], a[:upto], rtol=1e-3)
+    assert two["learning_rate"] == pytest.approx(one_process["learning_rate"], rel=0.05)
+    # 1,600 rows at 32 a step: 50 steps, no row twice
+    assert two["rows"]["reused"] is False and two["rows"]["sweep"] <= 1600
+    assert "fewer steps: 50 instead of 100" in two["rows"]["note"]
+    assert len(two["candidates"]) == 3 and two["learning_rate"] in [c["lr"] for c in two["candidates"]]
+    assert set(two["references"]) == {"fastai_valley", "lightning"}
+    assert (run / "lr_search" / "curve.png").stat().st_size > 1000
+    # rank 0 printed the result last
+    last = [ln for ln in out.splitlines() if ln.startswith("[rank 0]")][-1]
+    assert json.loads(last.split("]", 1)[1])["input_key"] == two["input_key"]
+
+    # The same inputs again: every rank returns at once with the stored result.
+    again, out = launch_search(run, 2)
+    assert again.returncode == 0 and "already searched for these inputs" in out
+
+
+def test_a_plan_for_more_ranks_than_started_is_refused(tmp_path):
+    run = search_run(tmp_path / "run", [16, 8, 8])
+    result, out = launch_search(run, 2)
+    assert result.returncode == 2
+    assert "the plan has 3 ranks but 2 were started" in out
+    assert not (run / "lr_search" / "result.json").exists()
+
+
+def test_the_stage_runs_the_test_on_the_plans_fast_and_slow_devices(tmp_path):
+    from pipelines.lr_search.stage import run as run_stage
+    from pipelines.rundir import RunDir
+    from pipelines.spec import load_spec
+    from pipelines.stages import StageContext
+
+    run = search_run(tmp_path / "run", [22, 10], devices=["fast", "slow"])
+    spec = load_spec(str(run / "spec.json"))
+    result = run_stage(spec, RunDir(run), StageContext(dag_id="t", run_id="r"))
+    assert result["ranks"] == 2 and result["batches"] == [22, 10]
+    assert result["launcher_seconds"] > 0 and "quota_enforced" in result
+    assert result["method"].startswith("range_test")
+    on_disk = json.loads((run / "lr_search" / "result.json").read_text())
+    assert on_disk["input_key"] == result["input_key"]
+    json.dumps(result, allow_nan=False)  # strict JSON
