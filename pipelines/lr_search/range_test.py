@@ -28,7 +28,8 @@ LR_MAX = 10.0
 STEPS = 100
 MIN_STEPS = 50  # a shorter sweep misplaces the minimum (measured: bench/lr_search.py); rows are reused rather
 DIVERGENCE_FACTOR = 4.0
-COLLAPSE_LEVEL = 0.9  # back this far from the minimum to the starting loss ...
+COLLAPSE_DROP = 0.2  # after the smoothed loss has fallen by this fraction of its start ...
+COLLAPSE_LEVEL = 0.9  # ... back this far from the minimum to the starting loss ...
 COLLAPSE_POINTS = 0.05  # ... for this fraction of the test's steps (at least 3): collapsed
 
 
@@ -92,17 +93,15 @@ class CurveWatch:
 
     ``add(loss)`` returns None to go on, ``"diverged"`` when the smoothed loss is not finite or
     exceeds ``divergence_factor`` × its running minimum (after the first ``skip`` points), or
-    ``"collapsed"`` when, after a real descent, it has climbed back ``COLLAPSE_LEVEL`` of the way
-    to its starting level and stayed there for ``patience`` points (a model stuck at chance level
-    does not recover; the rest of the sweep would only cost time).
+    ``"collapsed"`` when, after a real descent (``COLLAPSE_DROP`` of its starting level, the
+    smoothed loss after ``skip`` points: batch noise at tiny rates is no descent), it has climbed
+    back ``COLLAPSE_LEVEL`` of the way to that level and stayed there for ``patience`` points (a
+    model stuck at chance level does not recover; the rest of the sweep would only cost time).
     """
 
     def __init__(self, beta: float, steps: int, divergence_factor: float = DIVERGENCE_FACTOR, skip: int = 3):
-        from pipelines.lr_search.curve import MIN_RELATIVE_DROP
-
         self.beta, self.factor, self.skip = beta, divergence_factor, skip
         self.patience = max(3, math.ceil(COLLAPSE_POINTS * steps))
-        self.min_drop = MIN_RELATIVE_DROP
         self.avg, self.best, self.first = 0.0, math.inf, math.nan
         self.smoothed: list[float] = []
         self.above = 0
@@ -115,10 +114,10 @@ class CurveWatch:
         self.smoothed.append(s)
         if not math.isfinite(s) or (i >= self.skip and s > self.factor * self.best):
             return "diverged"
-        if i == 0:
-            self.first = s
+        if i == self.skip:
+            self.first = s  # the starting level: a few points averaged
         self.best = min(self.best, s)
-        descended = self.first - self.best > self.min_drop * abs(self.first)
+        descended = self.first - self.best > COLLAPSE_DROP * abs(self.first)
         level = self.best + COLLAPSE_LEVEL * (self.first - self.best)
         self.above = self.above + 1 if descended and s >= level else 0
         return "collapsed" if self.above >= self.patience else None

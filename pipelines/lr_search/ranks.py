@@ -48,7 +48,7 @@ def test_settings() -> dict[str, Any]:
         "steps": range_test.STEPS,
         "min_steps": range_test.MIN_STEPS,
         "divergence": range_test.DIVERGENCE_FACTOR,
-        "collapse": [range_test.COLLAPSE_LEVEL, range_test.COLLAPSE_POINTS],
+        "collapse": [range_test.COLLAPSE_DROP, range_test.COLLAPSE_LEVEL, range_test.COLLAPSE_POINTS],
         "rule": curve.RULE_VERSION,
     }
 

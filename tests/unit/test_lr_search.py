@@ -221,9 +221,12 @@ def test_curve_watch_stops_on_a_collapse_that_does_not_recover():
     # a bump that comes back down is not a collapse
     watch = CurveWatch(beta=0.0, steps=100)
     assert not any(watch.add(v) for v in fall + [2.2, 2.2, 1.0, 0.9] + [0.8] * 10)
-    # without a descent first, a flat curve is never "collapsed"
+    # without a descent first, a flat curve is never "collapsed", nor is batch noise at tiny rates
     watch = CurveWatch(beta=0.0, steps=100)
     assert not any(watch.add(2.3) for _ in range(50))
+    noise = 2.3 + np.random.default_rng(0).normal(0, 0.05, 60)
+    watch = CurveWatch(beta=0.6, steps=100)
+    assert not any(watch.add(v) for v in noise)
 
 
 # ------------------------------------------------------------------ the choice
