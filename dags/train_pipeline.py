@@ -1,14 +1,16 @@
-"""Heterogeneous Horovod training: preload -> estimate -> lr_search -> train -> analyze."""
+"""Heterogeneous Horovod training: preload -> estimate -> lr_search -> train -> publish -> analyze
+-> approve -> promote."""
 
 from __future__ import annotations
 
 import datetime as dt
-import os
 
-from airflow.sdk import DAG, CronDataIntervalTimetable
+from airflow.sdk import DAG
 
+from hetero.approval import PromotionApprovalOperator
 from hetero.operators import PipelineStageOperator
 from hetero.params import job_params
+from hetero.schedule import model_asset, schedule_from_env
 
 DOC = """
 ### Heterogeneous training pipeline
@@ -18,23 +20,24 @@ Trains a model with Horovod across devices of different speeds. Each task runs o
 
 1. **preload**: read and validate the Parquet dataset, write training shards and statistics;
 2. **estimate**: profile the model on each device type and plan ranks and batch sizes;
-3. **lr_search**: learning-rate range test at the planned global batch;
+3. **lr_search**: learning-rate range test on the planned ranks, confirmed by short runs;
 4. **train**: Horovod ranks with batches proportional to each device's speed, checkpoints;
-5. **analyze**: evaluation on held-out data and an HTML report.
+5. **publish**: the model as a new immutable version in the model store (updates the model Asset);
+6. **analyze**: evaluation on held-out data, the new version against the promoted one, an HTML report;
+7. **approve**: with `promotion.mode: manual`, a person approves the promotion (human-in-the-loop);
+8. **promote**: the new version becomes the promoted one when it is not worse by more than the tolerance.
 
 Every parameter is a field of the job spec (see the README); the trigger form validates it.
 With `launcher=kubernetes` the stages run as pods and the ranks as a gang of pods.
-Artifacts: `<artifact_root>/<dag_id>/<run_id>/`; the report is `analyze/report.html`.
+Artifacts: `<artifact_root>/<dag_id>/<run_id>/`; the report is `analyze/report.html`
+(the analyze task's "Report" link).
 """
-
-# A cron schedule (HETERO_TRAIN_SCHEDULE, e.g. "@daily") whose runs each cover one whole interval:
-# the daily run of 2026-01-02 gets [2026-01-02, 2026-01-03), which is what
-# dataset.use_data_interval trains on; Airflow 3's default cron timetable would give it zero width.
-SCHEDULE = os.environ.get("HETERO_TRAIN_SCHEDULE") or None
 
 with DAG(
     dag_id="train_pipeline",
-    schedule=CronDataIntervalTimetable(SCHEDULE, timezone="UTC") if SCHEDULE else None,
+    # Time (HETERO_TRAIN_SCHEDULE), new data (HETERO_DATASET_ASSET), both, or manual triggers only;
+    # a timed run covers one whole interval (see hetero.schedule).
+    schedule=schedule_from_env(),
     start_date=dt.datetime(2026, 1, 1, tzinfo=dt.UTC),
     catchup=False,
     max_active_runs=1,
@@ -43,12 +46,12 @@ with DAG(
     default_args={"retries": 2, "retry_delay": dt.timedelta(seconds=30), "retry_exponential_backoff": True},
     tags=["training", "horovod"],
 ):
-    stages = [
-        PipelineStageOperator(task_id="preload", stage="preload"),
-        PipelineStageOperator(task_id="estimate", stage="estimate"),
-        PipelineStageOperator(task_id="lr_search", stage="lr_search"),
-        PipelineStageOperator(task_id="train", stage="train", execution_timeout=dt.timedelta(hours=24)),
-        PipelineStageOperator(task_id="analyze", stage="analyze"),
-    ]
-    for upstream, downstream in zip(stages, stages[1:], strict=False):
-        upstream >> downstream
+    preload = PipelineStageOperator(task_id="preload", stage="preload")
+    estimate = PipelineStageOperator(task_id="estimate", stage="estimate")
+    lr_search = PipelineStageOperator(task_id="lr_search", stage="lr_search")
+    train = PipelineStageOperator(task_id="train", stage="train", execution_timeout=dt.timedelta(hours=24))
+    publish = PipelineStageOperator(task_id="publish", stage="publish", outlets=[model_asset()])
+    analyze = PipelineStageOperator(task_id="analyze", stage="analyze")
+    approve = PromotionApprovalOperator(task_id="approve", retries=0)
+    promote = PipelineStageOperator(task_id="promote", stage="promote")
+    preload >> estimate >> lr_search >> train >> publish >> analyze >> approve >> promote

@@ -21,7 +21,7 @@ from pipelines.spec import SpecError, pool_profiles_path, read_mapping
 # One name per stage: the Airflow task id, the package ``pipelines/<name>/``, the CLI command and
 # the run-directory folder it writes.  Each package's ``stage.py`` holds the stage's ``run()``;
 # modules are imported only when the stage runs.
-STAGES: tuple[str, ...] = ("preload", "estimate", "lr_search", "train", "analyze")
+STAGES: tuple[str, ...] = ("preload", "estimate", "lr_search", "train", "publish", "analyze", "promote")
 
 # Older spellings still accepted on the command line.
 ALIASES: dict[str, str] = {"lr-search": "lr_search"}

@@ -28,6 +28,7 @@ SECTIONS = (
     "Predicted vs actual run time",
     "Learning-rate range test",
     "Held-out evaluation",
+    "Model versions",
 )
 
 _CSS = """
@@ -421,6 +422,26 @@ def _evaluation(evaluation: dict | None, class_counts: dict | None) -> str:
 # ------------------------------------------------------------------------------------ report
 
 
+def _versions(comparison: dict | None) -> str:
+    """The published version beside the promoted one, evaluated on the same held-out rows."""
+    if not comparison:
+        return _missing("Nothing was published (no publish result), so there is no version to compare.")
+    new, old = comparison["new"], comparison.get("promoted")
+    columns = [("this run", new)] + ([("promoted", old)] if old else [])
+    head = "".join(f"<th>{_e(label)}: {_e(entry['version'])}</th>" for label, entry in columns)
+    rows = [("held-out accuracy", [_num(e.get("accuracy")) for _, e in columns]),
+            ("location", [_e(e.get("uri") or "") for _, e in columns])]
+    if old:
+        rows.append(("trained in run", [_e(new.get("run_id") or "this run"), _e(old.get("run_id") or "")]))
+    classes = max(len(e.get("per_class_accuracy") or []) for _, e in columns)
+    for k in range(classes):
+        rows.append((f"class {k} accuracy", [_num((e.get("per_class_accuracy") or [None] * classes)[k]) for _, e in columns]))
+    body = "".join(f"<tr><td>{_e(name)}</td>{''.join(f'<td>{v}</td>' for v in values)}</tr>" for name, values in rows)
+    verdict = "may replace it" if comparison["promotable"] else "may not replace it"
+    return (f"<table><tr><th></th>{head}</tr>{body}</table>"
+            f"<p>The new version {verdict}: {_e(comparison['reason'])}.</p>")
+
+
 def build_report(
     *,
     train: dict,
@@ -430,6 +451,7 @@ def build_report(
     estimate: dict | None = None,
     lr_search: dict | None = None,
     preload: dict | None = None,
+    comparison: dict | None = None,
     title: str = "Training report",
 ) -> str:
     """The HTML report (one self-contained string).
@@ -438,7 +460,8 @@ def build_report(
     docs/ARCHITECTURE.md, "Stages and their contracts"; the last three may be None), ``scalars`` comes from
     :func:`pipelines.analyze.events.read_scalars`, ``evaluation`` from
     :func:`pipelines.analyze.evaluate.evaluate` and ``metrics`` holds the derived figures
-    (``balance_efficiency``, ``prediction_error``).
+    (``balance_efficiency``, ``prediction_error``); ``comparison`` is the published version
+    against the promoted one (:func:`pipelines.analyze.stage.compare_versions`).
     """
     bodies = {
         "Summary": _summary(train, evaluation, estimate, metrics),
@@ -450,6 +473,7 @@ def build_report(
         "Predicted vs actual run time": _timing(train, estimate, metrics),
         "Learning-rate range test": _lr_test(lr_search),
         "Held-out evaluation": _evaluation(evaluation, (preload or {}).get("class_counts")),
+        "Model versions": _versions(comparison),
     }
     sections = "\n".join(
         f'<section id="{_e(_slug(name))}"><h2>{_e(name)}</h2>{bodies[name]}</section>' for name in SECTIONS

@@ -22,7 +22,7 @@ __all__ = ["REPORT_VERSION", "run", "derived_metrics"]
 
 log = logging.getLogger(__name__)
 
-REPORT_VERSION = 1  # bump when the report or metrics change, so completed runs are redone
+REPORT_VERSION = 2  # bump when the report or metrics change, so completed runs are redone
 
 
 def _optional_result(run_dir: RunDir, stage: str) -> dict | None:
@@ -71,6 +71,13 @@ def _scalars(train: dict, run_dir: RunDir) -> dict:
         return {}
 
 
+def _promoted_version(spec: JobSpec) -> str | None:
+    from pipelines.modelstore import ModelStore
+
+    promoted = ModelStore(spec.model_store_uri()).promoted(spec.model_store_name())
+    return promoted["version"] if promoted else None
+
+
 def _evaluation(spec: JobSpec, preload: dict, train: dict, run_dir: RunDir) -> dict[str, Any]:
     """The trained model evaluated on the held-out shards."""
     feature_shape = preload.get("feature_shape") or spec.dataset.feature_shape
@@ -81,6 +88,37 @@ def _evaluation(spec: JobSpec, preload: dict, train: dict, run_dir: RunDir) -> d
         feature_shape,
         num_classes,
     )
+
+
+def compare_versions(spec: JobSpec, preload: dict, evaluation: dict, publish: dict | None, scratch: Path) -> dict | None:
+    """The published version against the promoted one, both evaluated on this run's held-out rows
+    (docs/ARCHITECTURE.md, "Model versions and promotion"); None when nothing was published.
+
+    ``promotable`` is whether the new version may replace the promoted one: its held-out accuracy
+    is at most ``promotion.tolerance`` below the promoted one's (always, when none is promoted)."""
+    from pipelines.modelstore import ModelStore
+
+    if publish is None:
+        return None
+    store, name, tolerance = ModelStore(spec.model_store_uri()), spec.model_store_name(), spec.promotion.tolerance
+    new = {"version": publish["version"], "uri": publish["uri"], "accuracy": evaluation["accuracy"],
+           "per_class_accuracy": evaluation["per_class_accuracy"]}
+    promoted = store.promoted(name)
+    if promoted is None or promoted["version"] == publish["version"]:
+        why = "no version is promoted yet" if promoted is None else f"{publish['version']} is already the promoted version"
+        return {"new": new, "promoted": None, "tolerance": tolerance, "promotable": True, "reason": why}
+    saved = store.download(name, promoted["version"], "saved_model", scratch)
+    old = evaluate(saved, preload.get("holdout_shards") or [], preload.get("feature_shape") or spec.dataset.feature_shape,
+                   int(preload.get("num_classes") or spec.dataset.num_classes))
+    old_entry = {"version": promoted["version"], "uri": promoted.get("uri"), "accuracy": old["accuracy"],
+                 "per_class_accuracy": old["per_class_accuracy"], "run_id": promoted.get("run_id"),
+                 "data_interval": promoted.get("data_interval")}
+    a, b = new["accuracy"], old["accuracy"]
+    promotable = a is not None and (b is None or a >= b - tolerance)
+    reason = (f"held-out accuracy {a if a is None else round(a, 4)} against {b if b is None else round(b, 4)} of the promoted "
+              f"{promoted['version']} on the same {old.get('rows')} rows: "
+              f"{'within' if promotable else 'more than'} the tolerance {tolerance:g} {'of' if promotable else 'below'} it")
+    return {"new": new, "promoted": old_entry, "tolerance": tolerance, "promotable": promotable, "reason": reason}
 
 
 def run(spec: JobSpec, run_dir: RunDir, ctx: StageContext) -> dict[str, Any]:
@@ -95,8 +133,12 @@ def run(spec: JobSpec, run_dir: RunDir, ctx: StageContext) -> dict[str, Any]:
     train = run_dir.read_result("train")
     estimate = _optional_result(run_dir, "estimate")
     lr_search = _optional_result(run_dir, "lr_search")
-    # Whole upstream results: a retrained model (new train_seconds) must be analysed again.
-    key = input_key("analyze", REPORT_VERSION, preload, train, estimate, lr_search)
+    publish = _optional_result(run_dir, "publish")
+    promoted = _promoted_version(spec) if publish else None
+    # Whole upstream results: a retrained model (new train_seconds) must be analysed again; so must
+    # a comparison against another promoted version.
+    key = input_key("analyze", REPORT_VERSION, preload, train, estimate, lr_search, publish, promoted,
+                    spec.promotion.model_dump())
     done = run_dir.completed("analyze", key)
     if done is not None and not ctx.fresh:
         log.info("analyze already completed for these inputs; returning the stored result")
@@ -106,6 +148,7 @@ def run(spec: JobSpec, run_dir: RunDir, ctx: StageContext) -> dict[str, Any]:
     evaluation = _evaluation(spec, preload, train, run_dir)
     metrics = derived_metrics(train, estimate)
     out = Path(run_dir.stage("analyze"))
+    comparison = compare_versions(spec, preload, evaluation, publish, out / "promoted")
     html_text = build_report(
         train=train,
         scalars=scalars,
@@ -114,6 +157,7 @@ def run(spec: JobSpec, run_dir: RunDir, ctx: StageContext) -> dict[str, Any]:
         estimate=estimate,
         lr_search=lr_search,
         preload=preload,
+        comparison=comparison,
         title=f"Training report: {ctx.dag_id} / {ctx.run_id}",
     )
     report_path = write_text(out / "report.html", html_text)
@@ -126,5 +170,6 @@ def run(spec: JobSpec, run_dir: RunDir, ctx: StageContext) -> dict[str, Any]:
         "holdout_accuracy": evaluation["accuracy"],
         "per_class_accuracy": evaluation["per_class_accuracy"],
         **metrics,
+        "comparison": comparison,
         "input_key": key,
     }

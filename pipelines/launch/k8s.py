@@ -76,7 +76,7 @@ __all__ = [
 
 RANK_CONTAINER = "trainer"  # container name in rank pods
 STAGE_CONTAINER = "stage"  # container name in stage pods
-POD_STAGES = ("preload", "estimate", "lr_search", "analyze")  # stages that run as one pod each
+POD_STAGES = ("preload", "estimate", "lr_search", "publish", "analyze", "promote")  # stages that run as one pod each
 RUN_AS_USER = 10001  # the images' non-root user
 WORKDIR = "/work"  # the images' working directory
 DEFAULT_STAGE_RESOURCES = {"cpu": "2", "memory": "4Gi"}

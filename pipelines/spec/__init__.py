@@ -185,6 +185,11 @@ class TrainingSpec(_Strict):
     rebalance_threshold: float = Field(
         0.05, gt=0, lt=1, description="Re-balance when a rank's measured share drifts by more than this fraction."
     )
+    warm_start: bool = Field(
+        False,
+        description="Start from the promoted version's weights in the model store (same architecture) instead of "
+        "a fresh initialisation; a run's own checkpoint still wins on a retry.",
+    )
 
     @field_validator("global_batch")
     @classmethod
@@ -199,6 +204,20 @@ class TrainingSpec(_Strict):
         if isinstance(v, float | int) and not (0 < v < 10):
             raise ValueError("must be in (0, 10) or 'auto'")
         return v
+
+
+class PromotionSpec(_Strict):
+    """When a published version replaces the promoted one (docs/ARCHITECTURE.md, "Model versions and promotion")."""
+
+    mode: Literal["auto", "manual", "never"] = Field(
+        "auto",
+        description="auto: promote when not worse than the promoted version by more than tolerance; manual: the "
+        "same check, then a person approves in Airflow (human-in-the-loop); never: publish only.",
+    )
+    tolerance: float = Field(
+        0.01, ge=0, le=1,
+        description="How much lower the new version's held-out accuracy may be than the promoted one's (absolute).",
+    )
 
 
 class KubernetesSpec(_Strict):
@@ -324,6 +343,12 @@ class JobSpec(_Strict):
         description="If set, dataset and artifact paths must lie under one of these roots (paths or URI prefixes).",
     )
     kubernetes: KubernetesSpec = Field(default_factory=KubernetesSpec)
+    model_store: str = Field(
+        "",
+        description="Where published model versions go: a path or s3://, gs://, hdfs:// URI (credentials from the "
+        "environment or kubernetes.secret_name). Empty: <artifact_root>/models.",
+    )
+    promotion: PromotionSpec = Field(default_factory=PromotionSpec)
 
     @field_validator("artifact_root")
     @classmethod
@@ -336,7 +361,9 @@ class JobSpec(_Strict):
     def _locations(self) -> JobSpec:
         problems = _credential_problems(self) or _storage_problems(self)
         if not problems and self.allowed_roots:
-            for field, value in (("dataset.uri", self.dataset.uri), ("artifact_root", self.artifact_root)):
+            places = [("dataset.uri", self.dataset.uri), ("artifact_root", self.artifact_root)]
+            places += [("model_store", self.model_store)] if self.model_store else []
+            for field, value in places:
                 if not _under_any(value, self.allowed_roots):
                     problems.append((field, f"{redact_uri(value)!r} is outside the allowed roots {self.allowed_roots}"))
         if problems:
@@ -346,10 +373,18 @@ class JobSpec(_Strict):
     def to_json(self) -> str:
         return self.model_dump_json()
 
+    def model_store_uri(self) -> str:
+        """The model store's URI: ``model_store``, else ``<artifact_root>/models``."""
+        return self.model_store or str(Path(self.artifact_root.removeprefix("file://")) / "models")
+
+    def model_store_name(self) -> str:
+        """The model's folder in the store: its name, made safe as one path component."""
+        return re.sub(r"[^A-Za-z0-9._-]+", "-", self.model.name).strip("-.") or "model"
+
 
 def _credential_problems(spec: JobSpec) -> list[tuple[str, str]]:
     """Credentials written into a URI: refused, so they never reach a file, a log or an XCom."""
-    fields = [("dataset.uri", spec.dataset.uri), ("artifact_root", spec.artifact_root)]
+    fields = [("dataset.uri", spec.dataset.uri), ("artifact_root", spec.artifact_root), ("model_store", spec.model_store)]
     fields += [(f"allowed_roots.{i}", root) for i, root in enumerate(spec.allowed_roots)]
     problems = []
     for field, value in fields:
@@ -388,6 +423,13 @@ def kubernetes_storage_problems(spec: JobSpec) -> list[tuple[str, str]]:
             "artifact_root",
             f"{spec.artifact_root!r} is a relative path; with launcher kubernetes it must be absolute: the path "
             "where kubernetes.artifact_volume_claim is mounted in every stage and rank pod (e.g. /mnt/artifacts)",
+        ))
+    store = spec.model_store
+    if store and not is_remote(store) and not _under_any(store, [spec.artifact_root]):
+        problems.append((
+            "model_store",
+            f"{store!r} is a local path outside artifact_root; with launcher kubernetes the stage pods see only the "
+            "volume mounted at artifact_root: put the store under it, or use an s3://, gs:// or hdfs:// URI",
         ))
     if not spec.kubernetes.artifact_volume_claim:
         problems.append((

@@ -25,3 +25,13 @@ def export_saved_model(model, shape: Sequence[int], mean: float, std: float, tar
     module = Serving()
     with atomic_path(target) as tmp:
         tf.saved_model.save(module, str(tmp), signatures={"serving_default": module.serve})
+
+
+def save_weights(model, target: str | os.PathLike) -> None:
+    """The model's weights as a Keras ``.weights.h5`` file, atomically: a warm start loads them
+    into a model of the same architecture (``pipelines.train.warm``)."""
+    from pipelines.rundir import atomic_path
+
+    with atomic_path(target) as tmp:
+        model.save_weights(str(tmp) + ".weights.h5")
+        os.replace(str(tmp) + ".weights.h5", tmp)

@@ -29,10 +29,15 @@ def train_input_key(
     spec: Any, run_dir: RunDir, plan: dict[str, Any] | None, overrides: dict[str, Any] | None = None
 ) -> str:
     """The key of what the ranks train on: the job spec, the plan, lr_search's rate (if it ran),
-    preload's key, and the trainer options that change the result (only when set)."""
+    preload's key, the promoted version a warm start begins from, and the trainer options that
+    change the result (only when set)."""
     lr_path = run_dir.result_path("lr_search")
     learning_rate = json.loads(lr_path.read_text()).get("learning_rate") if lr_path.is_file() else None
+    from pipelines.train.warm import promoted_version
+
     parts: list[Any] = [json.loads(spec.to_json()), plan, learning_rate, run_dir.read_result("preload").get("input_key")]
+    if spec.training.warm_start:  # a newly promoted version is a new starting point
+        parts.append({"warm_start": promoted_version(spec)})
     if overrides:
         parts.append(overrides)
     return input_key(*parts)

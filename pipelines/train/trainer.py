@@ -138,6 +138,7 @@ class Trainer:
         self.warmup_steps = self.total_steps = 0  # of the learning-rate schedule; set by fit
         self.history: list[dict] = []  # one record per window (pipelines.train.window.window_record)
         self.last: tuple[float, float] = (math.nan, math.nan)  # loss and accuracy of the last step
+        self.warm_started_from: str | None = None  # the model store version training started from
 
     def fit(self) -> dict:
         """Resume or calibrate; train window by window to the last epoch; save, export, summarise.
@@ -148,6 +149,10 @@ class Trainer:
 
         job, ckpt, t = self.job, self.checkpoints, self.job.spec.training
         started, resumed_from = time.time(), self.resume()
+        if resumed_from is None and t.warm_start and self.rank == 0:  # rank 0 loads, the broadcast shares
+            from pipelines.train.warm import warm_start
+
+            self.warm_started_from = warm_start(self.model, job.spec, job.out / "warm-start")
         self.hvd.broadcast_variables(self.model.variables, root_rank=0)  # broadcast: rank 0's weights to every rank
         if not self.args.no_balance and resumed_from is None:
             self.set_batches(self.calibrate())
@@ -289,8 +294,9 @@ class Trainer:
         """Final checkpoint, SavedModel, events, summary.json and, last, result.json (rank 0 alone
         writes them); returns the stage result."""
         from pipelines.rundir import write_json
-        from pipelines.train.export import export_saved_model
+        from pipelines.train.export import export_saved_model, save_weights
         from pipelines.train.result import result_path, stage_result
+        from pipelines.train.warm import WEIGHTS
 
         job, ckpt = self.job, self.checkpoints
         if self.rank == 0 and (done or ckpt.manager.latest_checkpoint is None):
@@ -299,6 +305,7 @@ class Trainer:
         result = stage_result(summary, self.key, job.run_dir)
         if self.rank == 0:
             export_saved_model(self.model, job.shape, job.mean, job.std, job.out / "saved_model")
+            save_weights(self.model, job.out / WEIGHTS)  # what a warm start of a later run loads
             events.flush()
             write_json(job.out / "summary.json", summary)
             write_json(result_path(job.out), result)  # last: its presence means the stage is done
@@ -330,6 +337,7 @@ class Trainer:
             "checkpoint_saves": ckpt.saves[-200:],  # rank 0's saves in this process: step, seconds
             "checkpoint_seconds": sum(c["seconds"] for c in ckpt.saves),
             "resumed_from_step": resumed_from,
+            "warm_started_from": self.warm_started_from,
             "history": self.history[-200:],
         }
 

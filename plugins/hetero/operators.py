@@ -14,19 +14,26 @@ from typing import Any
 
 from airflow.sdk import BaseOperator
 
+from hetero.links import LINKS, stage_links
 from hetero.stage_runner import LocalStage, stage_context, validate_params
 
 
 class PipelineStageOperator(BaseOperator):
-    """Run ``stage`` (preload, estimate, lr_search, train, analyze) with the run's params as job spec."""
+    """Run ``stage`` (one of ``pipelines.stages.STAGES``) with the run's params as job spec.
+
+    When it ends, the task's extra links (:mod:`hetero.links`) come from its result, and the
+    publish task's Asset outlets carry the new version (``version``, ``uri``) in their event.
+    """
 
     ui_color = "#e8f2e0"
+    operator_extra_links = LINKS
 
     def __init__(self, *, stage: str, plan_task_id: str = "estimate", **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.stage = stage
         self.plan_task_id = plan_task_id
         self._delegate: Any = None
+        self.links: dict[str, str] = {}  # this run's extra links (hetero.links.StageLink reads them)
 
     def execute(self, context) -> dict:
         from airflow.sdk.exceptions import AirflowFailException
@@ -39,7 +46,7 @@ class PipelineStageOperator(BaseOperator):
             raise AirflowFailException(str(e)) from None
         if spec.launcher == "local":
             self._delegate = LocalStage(self.stage, spec, stage_context(context))
-            return self._delegate.run()
+            return self.finish(context, spec, self._delegate.run())
         if self.runs_ranks(spec):
             from hetero.kubernetes_job import HorovodJobOperator
 
@@ -56,7 +63,7 @@ class PipelineStageOperator(BaseOperator):
             self._delegate = StagePodOperator(
                 task_id=self.task_id, stage=self.stage, spec_json=spec.to_json(), deferrable=spec.kubernetes.deferrable
             )
-        return self._delegate.execute(context)
+        return self.finish(context, spec, self._delegate.execute(context))
 
     def execute_complete(self, context, event: dict) -> dict:
         """Resume after the deferred wait (``kubernetes.deferrable``): the train gang's
@@ -73,7 +80,22 @@ class PipelineStageOperator(BaseOperator):
 
             self._delegate = StagePodOperator(task_id=self.task_id, stage=self.stage, spec_json=spec.to_json(),
                                               deferrable=True)
-        return self._delegate.execute_complete(context, event)
+        return self.finish(context, spec, self._delegate.execute_complete(context, event))
+
+    def finish(self, context, spec, result: dict) -> dict:
+        """The task's extra links from its result and, for the publish task, the new version in
+        its Asset outlets' events; returns the result unchanged."""
+        selector = None
+        if spec.launcher == "kubernetes":
+            from hetero.kubernetes_job import identity_from_context
+
+            selector = identity_from_context(context).job_selector(this_try=True)
+        self.links = stage_links(self.stage, result or {}, spec, selector)
+        if self.stage == "publish" and result and self.outlets:
+            events = context["outlet_events"]
+            for outlet in self.outlets:
+                events[outlet].extra = {"model": result["model"], "version": result["version"], "uri": result["uri"]}
+        return result
 
     def runs_ranks(self, spec) -> bool:
         """On Kubernetes, train and lr_search's range test run as the plan's rank pods; a fixed

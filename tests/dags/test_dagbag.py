@@ -47,13 +47,17 @@ def test_main_dag_structure():
     bag = DagBag(dag_folder=str(ROOT / "dags" / "train_pipeline.py"))
     assert "train_pipeline" in bag.dags, bag.import_errors
     dag = bag.dags["train_pipeline"]
-    order = ["preload", "estimate", "lr_search", "train", "analyze"]
-    assert list(STAGES) == order and set(dag.task_ids) == set(order)
-    assert all(task.stage == task.task_id for task in dag.tasks)  # one name per stage
+    stages = ["preload", "estimate", "lr_search", "train", "publish", "analyze", "promote"]
+    order = ["preload", "estimate", "lr_search", "train", "publish", "analyze", "approve", "promote"]
+    assert list(STAGES) == stages and sorted(dag.task_ids) == sorted(order)
+    assert all(task.stage == task.task_id for task in dag.tasks if task.task_id != "approve")  # one name per stage
     for upstream, downstream in zip(order, order[1:], strict=False):
         assert dag.get_task(downstream).upstream_task_ids == {upstream}
-    for task in dag.tasks:
-        assert task.retries >= 1, f"{task.task_id} has no retries"
+    for task in dag.tasks:  # every stage retries; a person's answer is not retried
+        assert task.retries >= 1 or task.task_id == "approve", f"{task.task_id} has no retries"
+    # the publish task updates the model Asset; every stage task has the extra links
+    assert [a.uri for a in dag.get_task("publish").outlets] == ["x-hetero://models/train_pipeline"]
+    assert {link.name for link in dag.get_task("analyze").operator_extra_links} >= {"Report", "TensorBoard events", "Model version", "Pods"}
     assert dag.doc_md and "preload" in dag.doc_md
     # Params come from the job spec schema: every top-level field is a parameter.
     from pipelines.spec import JobSpec
@@ -133,6 +137,25 @@ def test_a_scheduled_run_covers_one_whole_interval(monkeypatch, schedule, start,
     )
     assert (info.data_interval.start, info.data_interval.end) == (start, end)
     assert dag.max_active_runs == 1
+
+
+def test_the_schedule_comes_from_the_environment_time_data_or_both(monkeypatch):
+    from airflow.sdk import Asset, AssetOrTimeSchedule, CronDataIntervalTimetable
+
+    from hetero.schedule import model_asset, schedule_from_env
+
+    for name in ("HETERO_TRAIN_SCHEDULE", "HETERO_DATASET_ASSET", "HETERO_MODEL_ASSET"):
+        monkeypatch.delenv(name, raising=False)
+    assert schedule_from_env() is None  # manual triggers and backfills only
+    monkeypatch.setenv("HETERO_DATASET_ASSET", "s3://lake/shapes")
+    assert schedule_from_env() == [Asset("s3://lake/shapes")]  # a run when producers announce new data
+    monkeypatch.setenv("HETERO_TRAIN_SCHEDULE", "@daily")
+    both = schedule_from_env()
+    assert isinstance(both, AssetOrTimeSchedule) and isinstance(both.timetable, CronDataIntervalTimetable)
+    monkeypatch.delenv("HETERO_DATASET_ASSET")
+    assert isinstance(schedule_from_env(), CronDataIntervalTimetable)
+    monkeypatch.setenv("HETERO_MODEL_ASSET", "s3://models/shapes")
+    assert model_asset() == Asset("s3://models/shapes")
 
 
 def test_the_trigger_form_labels_fields_by_their_spec_names_in_plain_text():

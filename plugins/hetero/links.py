@@ -1,0 +1,96 @@
+"""Extra links on the pipeline's tasks (Airflow 3 operator extra links): the report, the
+TensorBoard event folder, the model version and, for Kubernetes runs, the task's pods.
+
+A link is a URL made from the task's own result when the task ends (Airflow stores it with the
+task instance), so it needs nothing at view time.  Where a link points is configurable, because
+only the deployment knows how its users reach files and clusters:
+
+- ``HETERO_ARTIFACT_URL``: a prefix that serves ``artifact_root`` over HTTP (e.g. an object store
+  console or a static file server); without it links are ``file://`` URIs of the paths.
+- ``HETERO_TENSORBOARD_URL``: a template with ``{path}``, e.g. ``http://tensorboard:6006/?logdir={path}``.
+- ``HETERO_POD_DASHBOARD_URL``: a template with ``{namespace}`` and ``{selector}`` (a label
+  selector), e.g. ``https://dashboard.example/#/pod?namespace={namespace}&labelSelector={selector}``.
+"""
+
+from __future__ import annotations
+
+import os
+import urllib.parse
+from typing import Any
+
+from airflow.sdk import BaseOperatorLink
+
+ENV_ARTIFACT_URL = "HETERO_ARTIFACT_URL"
+ENV_TENSORBOARD_URL = "HETERO_TENSORBOARD_URL"
+ENV_POD_DASHBOARD_URL = "HETERO_POD_DASHBOARD_URL"
+
+
+def file_url(path: str | None, artifact_root: str | None = None) -> str:
+    """A browsable URL of a path under the artifact root (``HETERO_ARTIFACT_URL``), a URI as it
+    is, else a ``file://`` URI."""
+    if not path:
+        return ""
+    if "://" in path:
+        return path
+    base = os.environ.get(ENV_ARTIFACT_URL, "").rstrip("/")
+    root = (artifact_root or "").removeprefix("file://").rstrip("/")
+    if base and root and os.path.abspath(path).startswith(os.path.abspath(root) + "/"):
+        relative = os.path.relpath(os.path.abspath(path), os.path.abspath(root))
+        return f"{base}/{urllib.parse.quote(relative)}"
+    return "file://" + urllib.parse.quote(os.path.abspath(path))
+
+
+def stage_links(stage: str, result: dict[str, Any], spec: Any, selector: str | None) -> dict[str, str]:
+    """The links of a stage's task, from its result: ``{link name: URL}`` (only those it has)."""
+    links: dict[str, str] = {}
+    root = getattr(spec, "artifact_root", None)
+    if result.get("report"):
+        links["Report"] = file_url(result["report"], root)
+    if stage == "train" and result.get("events_dir"):
+        template = os.environ.get(ENV_TENSORBOARD_URL)
+        path = result["events_dir"]
+        links["TensorBoard events"] = template.format(path=urllib.parse.quote(path)) if template else file_url(path, root)
+    if stage in ("publish", "promote") and result.get("version"):
+        uri = result.get("uri") or ""
+        links["Model version"] = file_url(uri, root) if uri else ""
+    template = os.environ.get(ENV_POD_DASHBOARD_URL)
+    if template and selector and getattr(spec, "launcher", "local") == "kubernetes":
+        links["Pods"] = template.format(namespace=spec.kubernetes.namespace, selector=urllib.parse.quote(selector))
+    return links
+
+
+class StageLink(BaseOperatorLink):
+    """One named link; the operator keeps the URLs of its last run in ``links``."""
+
+    def __init__(self, name: str):
+        self._name = name
+
+    @property
+    def name(self) -> str:  # type: ignore[override]
+        return self._name
+
+    def get_link(self, operator, *, ti_key) -> str:
+        return (getattr(operator, "links", None) or {}).get(self._name, "")
+
+
+class ReportLink(StageLink):
+    def __init__(self):
+        super().__init__("Report")
+
+
+class EventsLink(StageLink):
+    def __init__(self):
+        super().__init__("TensorBoard events")
+
+
+class ModelVersionLink(StageLink):
+    def __init__(self):
+        super().__init__("Model version")
+
+
+class PodsLink(StageLink):
+    def __init__(self):
+        super().__init__("Pods")
+
+
+LINKS = (ReportLink(), EventsLink(), ModelVersionLink(), PodsLink())
