@@ -17,7 +17,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 HEAVY = {"tensorflow", "horovod", "pyarrow", "scipy", "numpy", "matplotlib", "pandas"}
-STAGE_PACKAGES = ("preload", "estimate", "lr_search", "train", "analyze")
+STAGE_PACKAGES = ("preload", "estimate", "lr_search", "train", "publish", "analyze", "promote")
 # Top-level import names of the project's own code, and the folder each lives in.
 SOURCES = {"pipelines": "", "hetero": "plugins"}
 

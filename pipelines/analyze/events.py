@@ -1,13 +1,18 @@
-"""Read scalar summaries from TensorBoard event files without TensorFlow.
+"""Read scalar and histogram summaries from TensorBoard event files without TensorFlow.
 
 An event file is a sequence of TFRecords, each holding one serialized ``Event`` protocol buffer:
 
     uint64 length (little-endian) | uint32 masked crc32c(length) | data | uint32 masked crc32c(data)
 
-Only the few protobuf fields that carry scalars are decoded (``Event.wall_time/step/summary``,
-``Summary.value``, ``Value.tag/simple_value/tensor`` and the scalar parts of ``TensorProto``), with
-a small wire-format reader, so this module needs nothing beyond the standard library for local
-files and ``pyarrow`` for remote ones (``s3://``, ``gs://``, ``hdfs://``, ``file://``).
+Only the few protobuf fields that carry scalars and histograms are decoded
+(``Event.wall_time/step/summary``, ``Summary.value``, ``Value.tag/simple_value/histo/tensor/metadata``,
+the plugin name of ``SummaryMetadata`` and the numeric parts of ``TensorProto``), with a small
+wire-format reader, so this module needs nothing beyond the standard library for local files and
+``pyarrow`` for remote ones (``s3://``, ``gs://``, ``hdfs://``, ``file://``).
+
+A histogram is what TF2's ``tf.summary.histogram`` writes: a ``[k, 3]`` tensor of
+``(left edge, right edge, count)`` rows under the plugin name ``histograms``; a TF1
+``HistogramProto`` (``Value.histo``) is turned into the same rows, as TensorBoard does.
 
 A truncated last record, as left by a writer that was killed mid-write, is ignored; a complete
 record that fails its checksum or does not parse raises :class:`EventFileError` naming the file
@@ -21,27 +26,42 @@ import os
 import struct
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from pipelines.errors import StageError
 
 __all__ = [
     "EventFileError",
     "EventsNotFoundError",
+    "Events",
+    "Histogram",
     "Scalar",
     "crc32c",
     "masked_crc32c",
     "iter_records",
     "parse_event",
+    "events_from_bytes",
     "scalars_from_bytes",
     "list_event_files",
+    "read_events",
     "read_scalars",
+    "read_histograms",
 ]
 
 log = logging.getLogger(__name__)
 
 EVENT_FILE_MARKER = "tfevents"
+HISTOGRAM_PLUGIN = "histograms"  # the plugin name tf.summary.histogram writes
 Scalar = tuple[int, float, float]  # (step, wall_time, value)
+Bucket = tuple[float, float, float]  # (left edge, right edge, count)
+Histogram = tuple[int, float, list[Bucket]]  # (step, wall_time, buckets)
+
+
+class Events(NamedTuple):
+    """What :func:`read_events` found: ``tag -> points`` for scalars and for histograms."""
+
+    scalars: dict[str, list[Scalar]]
+    histograms: dict[str, list[Histogram]]
 
 
 class EventFileError(StageError):
@@ -183,14 +203,16 @@ def _repeated(wire: int, value: Any, fmt: str) -> list[float]:
     return list(struct.unpack(fmt, value))
 
 
-def _tensor_scalar(buf: bytes) -> float | None:
-    """The value of a one-element numeric TensorProto, or None for anything else."""
-    dtype = 0
-    content = b""
+def _tensor(buf: bytes) -> tuple[int, list[int] | None, bytes, list[float]]:
+    """A TensorProto's ``(dtype, shape, tensor_content, repeated values)``; the shape is None
+    when the proto does not give one."""
+    dtype, shape, content = 0, None, b""
     values: list[float] = []
     for field, wire, value in _fields(buf):
         if field == 1 and wire == 0:
             dtype = value
+        elif field == 2 and wire == 2:
+            shape = _shape(value)
         elif field == 4 and wire == 2:
             content = value
         elif field == 5:
@@ -203,6 +225,23 @@ def _tensor_scalar(buf: bytes) -> float | None:
             values += [
                 struct.unpack("<e", struct.pack("<H", v & 0xFFFF))[0] for v in _repeated(wire, value, "<q")
             ]
+    return dtype, shape, content, values
+
+
+def _shape(buf: bytes) -> list[int] | None:
+    """The dimensions of a TensorShapeProto (None for an unknown rank)."""
+    dims = []
+    for field, wire, value in _fields(buf):
+        if field == 2 and wire == 2:
+            dims.append(next((_int64(v) for f, w, v in _fields(value) if f == 1 and w == 0), 0))
+        elif field == 3 and wire == 0 and value:
+            return None
+    return dims
+
+
+def _tensor_scalar(buf: bytes) -> float | None:
+    """The value of a one-element numeric TensorProto, or None for anything else."""
+    dtype, _, content, values = _tensor(buf)
     fmt = _DTYPES.get(dtype)
     if fmt is None:
         return None
@@ -215,14 +254,71 @@ def _tensor_scalar(buf: bytes) -> float | None:
     return None
 
 
+def _tensor_histogram(buf: bytes) -> list[Bucket]:
+    """The ``(left, right, count)`` rows of a ``[k, 3]`` numeric TensorProto.
+
+    Repeated values shorter than the tensor are padded with the last one (zeros when there are
+    none), as TensorFlow reads them.  Raises ``ValueError`` for any other shape or type.
+    """
+    dtype, shape, content, values = _tensor(buf)
+    fmt = _DTYPES.get(dtype)
+    if fmt is None:
+        raise ValueError(f"histogram tensor has non-numeric dtype {dtype}")
+    if shape is None or len(shape) != 2 or shape[0] < 0 or shape[1] != 3:
+        raise ValueError(f"histogram tensor has shape {shape}, not [k, 3]")
+    size = shape[0] * 3
+    if content:
+        width = struct.calcsize(fmt)
+        if len(content) != size * width:
+            raise ValueError(f"histogram tensor of shape {shape} holds {len(content)} bytes, not {size * width}")
+        values = list(struct.unpack(f"<{size}{fmt[1]}", content))
+    elif len(values) > size:
+        raise ValueError(f"histogram tensor of shape {shape} holds {len(values)} values")
+    else:
+        values = values + [values[-1] if values else 0.0] * (size - len(values))
+    return [(float(values[i]), float(values[i + 1]), float(values[i + 2])) for i in range(0, size, 3)]
+
+
+def _legacy_histogram(buf: bytes) -> list[Bucket]:
+    """A TF1 ``HistogramProto`` as ``(left, right, count)`` rows: bucket i spans from the limit
+    before it (the minimum for the first) to its limit (the maximum for the last), as
+    TensorBoard converts it."""
+    low = high = 0.0
+    limits: list[float] = []
+    counts: list[float] = []
+    for field, wire, value in _fields(buf):
+        if field == 1 and wire == 1:
+            (low,) = struct.unpack("<d", value)
+        elif field == 2 and wire == 1:
+            (high,) = struct.unpack("<d", value)
+        elif field == 6:
+            limits += _repeated(wire, value, "<d")
+        elif field == 7:
+            counts += _repeated(wire, value, "<d")
+    if len(limits) != len(counts):
+        raise ValueError(f"histogram has {len(limits)} bucket limits but {len(counts)} counts")
+    if not counts:
+        return []
+    lefts, rights = [low, *limits[:-1]], [*limits[:-1], high]
+    return [(float(a), float(b), float(c)) for a, b, c in zip(lefts, rights, counts, strict=True)]
+
+
 def parse_event(buf: bytes) -> tuple[int, float, list[tuple[str, float]]]:
     """Decode one serialized ``Event`` into ``(step, wall_time, [(tag, value), ...])``.
 
     Only scalar values are returned: ``simple_value`` (TF1 style) or a one-element numeric
     ``tensor`` (TF2 ``tf.summary.scalar``).  Raises ``ValueError`` on malformed input.
     """
+    step, wall_time, values = _parse_event(buf, {})
+    return step, wall_time, [(tag, data) for tag, kind, data in values if kind == "scalar"]
+
+
+def _parse_event(buf: bytes, plugins: dict[str, str]) -> tuple[int, float, list[tuple[str, str, Any]]]:
+    """``(step, wall_time, [(tag, kind, data), ...])`` with kind ``scalar`` (data a float) or
+    ``histogram`` (data a list of buckets).  ``plugins`` maps tags to the plugin name their
+    metadata gave, which TensorBoard allows only on a tag's first value in a file."""
     step, wall_time = 0, 0.0
-    values: list[tuple[str, float]] = []
+    values: list[tuple[str, str, Any]] = []
     for field, wire, value in _fields(buf):
         if field == 1 and wire == 1:
             (wall_time,) = struct.unpack("<d", value)
@@ -231,38 +327,72 @@ def parse_event(buf: bytes) -> tuple[int, float, list[tuple[str, float]]]:
         elif field == 5 and wire == 2:
             for sfield, swire, svalue in _fields(value):
                 if sfield == 1 and swire == 2:
-                    scalar = _summary_value(svalue)
-                    if scalar is not None:
-                        values.append(scalar)
+                    decoded = _summary_value(svalue, plugins)
+                    if decoded is not None:
+                        values.append(decoded)
     return step, wall_time, values
 
 
-def _summary_value(buf: bytes) -> tuple[str, float] | None:
+def _plugin_name(buf: bytes) -> str:
+    """``SummaryMetadata.plugin_data.plugin_name`` ("" when there is none)."""
+    for field, wire, value in _fields(buf):
+        if field == 1 and wire == 2:
+            for pfield, pwire, pvalue in _fields(value):
+                if pfield == 1 and pwire == 2:
+                    return pvalue.decode("utf-8", errors="replace")
+    return ""
+
+
+def _summary_value(buf: bytes, plugins: dict[str, str]) -> tuple[str, str, Any] | None:
     tag: str | None = None
     number: float | None = None
+    tensor = histo = None
+    plugin = ""
     for field, wire, value in _fields(buf):
         if field == 1 and wire == 2:
             tag = value.decode("utf-8", errors="replace")
         elif field == 2 and wire == 5:
             (number,) = struct.unpack("<f", value)
+        elif field == 5 and wire == 2:
+            histo = value
         elif field == 8 and wire == 2:
-            number = _tensor_scalar(value)
-    if tag is None or number is None:
+            tensor = value
+        elif field == 9 and wire == 2:
+            plugin = _plugin_name(value)
+    if tag is None:
         return None
-    return tag, float(number)
+    if plugin:
+        plugins[tag] = plugin
+    try:
+        if histo is not None:
+            return tag, "histogram", _legacy_histogram(histo)
+        if tensor is not None and plugins.get(tag) == HISTOGRAM_PLUGIN:
+            return tag, "histogram", _tensor_histogram(tensor)
+    except (ValueError, struct.error) as e:
+        raise ValueError(f"histogram {tag!r}: {e}") from None
+    if tensor is not None:
+        number = _tensor_scalar(tensor)
+    return None if number is None else (tag, "scalar", float(number))
+
+
+def events_from_bytes(data: bytes, source: str = "<bytes>", verify: bool = True) -> Events:
+    """All scalars and histograms in one event file's bytes, in file order."""
+    out = Events({}, {})
+    plugins: dict[str, str] = {}
+    for offset, payload in iter_records(data, source, verify):
+        try:
+            step, wall_time, values = _parse_event(payload, plugins)
+        except (ValueError, struct.error) as e:
+            raise EventFileError(f"{source}: corrupt record at offset {offset}: {e}") from None
+        for tag, kind, value in values:
+            found = out.scalars if kind == "scalar" else out.histograms
+            found.setdefault(tag, []).append((step, wall_time, value))
+    return out
 
 
 def scalars_from_bytes(data: bytes, source: str = "<bytes>", verify: bool = True) -> dict[str, list[Scalar]]:
     """All scalars in one event file's bytes, in file order: ``tag -> [(step, wall_time, value)]``."""
-    out: dict[str, list[Scalar]] = {}
-    for offset, payload in iter_records(data, source, verify):
-        try:
-            step, wall_time, values = parse_event(payload)
-        except (ValueError, struct.error) as e:
-            raise EventFileError(f"{source}: corrupt record at offset {offset}: {e}") from None
-        for tag, value in values:
-            out.setdefault(tag, []).append((step, wall_time, value))
-    return out
+    return events_from_bytes(data, source, verify).scalars
 
 
 # ------------------------------------------------------------------------------- file access
@@ -318,24 +448,53 @@ def _read_bytes(path: str, fs: Any) -> bytes:
         return f.read()
 
 
+def read_events(path_or_dir: str | os.PathLike, fs: Any = None, *, verify: bool = True) -> Events:
+    """Read every scalar and histogram from the event file(s) at or under ``path_or_dir``.
+
+    Returns :class:`Events`: ``scalars`` (``tag -> [(step, wall_time, value)]``, tags sorted)
+    and ``histograms`` (``tag -> [(step, wall_time, [(left, right, count), ...])]``, tags in the
+    order they were first written: the model's order for the trainer's weights).  Points are
+    sorted by step; when several records carry the same tag and step (a run resumed from a
+    checkpoint repeats steps), the one written last (latest wall time) is kept.  Local paths
+    need only the standard library; URIs (``s3://``, ``gs://``, ``hdfs://``, ``file://``) or an
+    explicit ``fs`` (a ``pyarrow.fs.FileSystem``) use pyarrow.  ``verify=False`` skips the CRC
+    checks (faster on large files).
+    """
+    fs, path = _resolve(path_or_dir, fs)
+    scalars: dict[str, dict[int, Scalar]] = {}
+    histograms: dict[str, dict[int, Histogram]] = {}
+    for file in list_event_files(path, fs):
+        found = events_from_bytes(_read_bytes(file, fs), file, verify)
+        _keep_latest(scalars, found.scalars)
+        _keep_latest(histograms, found.histograms)
+    return Events(
+        {tag: [by_step[s] for s in sorted(by_step)] for tag, by_step in sorted(scalars.items())},
+        {tag: [by_step[s] for s in sorted(by_step)] for tag, by_step in histograms.items()},
+    )
+
+
+def _keep_latest(latest: dict[str, dict[int, Any]], found: dict[str, list[Any]]) -> None:
+    """Merge ``tag -> [(step, wall_time, ...)]`` into ``latest``, one point per tag and step: the
+    one with the latest wall time."""
+    for tag, points in found.items():
+        by_step = latest.setdefault(tag, {})
+        for point in points:
+            old = by_step.get(point[0])
+            if old is None or point[1] >= old[1]:
+                by_step[point[0]] = point
+
+
 def read_scalars(
     path_or_dir: str | os.PathLike, fs: Any = None, *, verify: bool = True
 ) -> dict[str, list[Scalar]]:
-    """Read every scalar from the event file(s) at or under ``path_or_dir``.
+    """Every scalar at or under ``path_or_dir``: ``tag -> [(step, wall_time, value)]`` sorted by
+    step (see :func:`read_events`)."""
+    return read_events(path_or_dir, fs, verify=verify).scalars
 
-    Returns ``tag -> [(step, wall_time, value)]`` sorted by step.  When several records carry the
-    same tag and step (a run resumed from a checkpoint repeats steps), the one written last (latest
-    wall time) is kept.  Local paths need only the standard library; URIs (``s3://``, ``gs://``,
-    ``hdfs://``, ``file://``) or an explicit ``fs`` (a ``pyarrow.fs.FileSystem``) use pyarrow.
-    ``verify=False`` skips the CRC checks (faster on large files).
-    """
-    fs, path = _resolve(path_or_dir, fs)
-    latest: dict[str, dict[int, Scalar]] = {}
-    for file in list_event_files(path, fs):
-        for tag, points in scalars_from_bytes(_read_bytes(file, fs), file, verify).items():
-            by_step = latest.setdefault(tag, {})
-            for point in points:
-                old = by_step.get(point[0])
-                if old is None or point[1] >= old[1]:
-                    by_step[point[0]] = point
-    return {tag: [by_step[s] for s in sorted(by_step)] for tag, by_step in sorted(latest.items())}
+
+def read_histograms(
+    path_or_dir: str | os.PathLike, fs: Any = None, *, verify: bool = True
+) -> dict[str, list[Histogram]]:
+    """Every histogram at or under ``path_or_dir``: ``tag -> [(step, wall_time, buckets)]``
+    sorted by step, each bucket ``(left edge, right edge, count)`` (see :func:`read_events`)."""
+    return read_events(path_or_dir, fs, verify=verify).histograms

@@ -1,4 +1,5 @@
-"""A self-contained HTML report of one training run: curves, per-rank balance, timing, evaluation.
+"""A self-contained HTML report of one training run: curves, weight distributions, per-rank
+balance, timing, evaluation.
 
 Figures are drawn with matplotlib's Agg renderer (``matplotlib.figure.Figure``, no pyplot state)
 and embedded as base64 PNG, so the report is one file that opens anywhere.  Every string that
@@ -22,6 +23,7 @@ SECTIONS = (
     "Summary",
     "Training curves",
     "Learning-rate schedule",
+    "Weight distributions",
     "Per-rank throughput and waiting",
     "Balance efficiency",
     "Re-balance events",
@@ -39,6 +41,9 @@ th{background:#f2f2f2}td.l,th.l{text-align:left}img{max-width:100%}p.missing{col
 """
 
 _RANK_TAG = re.compile(r"^rank(\d+)/(.+)$")
+WEIGHT_PREFIX = "weights/"  # the trainer's weight histograms (pipelines.train.events.weight_tags)
+MAX_WEIGHT_PANELS = 8  # weight variables drawn; the report says how many more there are
+_BANDS = (0.0, 0.25, 0.5, 0.75, 1.0)  # quantiles drawn against step: min, quartiles, median, max
 
 
 # ------------------------------------------------------------------------------- formatting
@@ -156,6 +161,100 @@ def _lr_schedule(scalars: dict) -> str:
     ax.set(title="Learning rate (warm-up, then schedule)", xlabel="step", ylabel="learning rate")
     ax.grid(alpha=0.3)
     return _img(fig, "learning rate schedule")
+
+
+def _quantiles(buckets: Sequence[tuple[float, float, float]], qs: Sequence[float]) -> list[float] | None:
+    """Quantiles of a histogram of ``(left, right, count)`` buckets, linear within a bucket (0 is
+    the left edge of the first non-empty bucket, 1 the right edge of the last); None when the
+    histogram counts nothing."""
+    filled = [b for b in buckets if b[2] > 0]
+    total = sum(b[2] for b in filled)
+    if total <= 0:
+        return None
+    out = []
+    for q in qs:
+        target, seen, value = q * total, 0.0, filled[-1][1]
+        for left, right, count in filled:
+            if seen + count >= target:
+                value = left + (right - left) * max(0.0, target - seen) / count
+                break
+            seen += count
+        out.append(value)
+    return out
+
+
+def _spread(steps: Sequence, n: int) -> list:
+    """Up to ``n`` items of ``steps``, evenly spread, the first and the last included."""
+    if len(steps) <= n:
+        return list(steps)
+    return [steps[round(i * (len(steps) - 1) / (n - 1))] for i in range(n)]
+
+
+def _weight_bands(ax, name: str, points: Sequence) -> None:
+    """Minimum, quartiles, median and maximum of one variable against step."""
+    rows = [(p[0], q) for p in points if (q := _quantiles(p[2], _BANDS)) is not None]
+    if rows:
+        steps = [s for s, _ in rows]
+        low, q1, median, q3, high = (list(col) for col in zip(*(q for _, q in rows), strict=True))
+        ax.fill_between(steps, low, high, color="C0", alpha=0.15, label="min to max")
+        ax.fill_between(steps, q1, q3, color="C0", alpha=0.35, label="25% to 75%")
+        ax.plot(steps, median, color="C0", marker=".", label="median")
+    size = sum(b[2] for b in points[-1][2])
+    ax.set(title=f"{name} ({size:,.0f} values)", xlabel="step", ylabel="weight")
+    ax.grid(alpha=0.3)
+
+
+def _weight_overlay(ax, points: Sequence) -> None:
+    """One variable's distribution (density) at up to four steps, from the first to the last."""
+    from matplotlib import colormaps
+
+    picks = _spread(points, 4)
+    for i, (step, _, buckets) in enumerate(picks):
+        color = colormaps["viridis"](i / max(1, len(picks) - 1))
+        total = sum(b[2] for b in buckets)
+        if total <= 0:
+            continue
+        low, high = buckets[0][0], buckets[-1][1]
+        if high <= low:  # every value the same (a bias at its initial zero)
+            ax.axvline(low, color=color, label=f"step {step}: all {low:.3g}")
+            continue
+        density = [c / (total * (b - a)) if b > a else 0.0 for a, b, c in buckets]
+        ax.stairs(density, [low] + [b[1] for b in buckets], color=color, label=f"step {step}")
+    ax.set(title="distribution at a few steps", xlabel="weight", ylabel="density")
+    ax.legend(fontsize=7)
+    ax.grid(alpha=0.3)
+
+
+def _weights(histograms: dict | None) -> str:
+    """How each weight variable's distribution moves over training (the first
+    ``MAX_WEIGHT_PANELS`` variables, in the order the trainer wrote them: the model's)."""
+    weights = {t[len(WEIGHT_PREFIX):]: p for t, p in (histograms or {}).items() if t.startswith(WEIGHT_PREFIX) and p}
+    if not weights:
+        return _missing(
+            f"No weight histograms ({WEIGHT_PREFIX}* tags) in the event files: rank 0 writes them "
+            "at the first step and at each checkpoint; a run trained before they existed has none."
+        )
+    from matplotlib.figure import Figure
+
+    shown = list(weights.items())[:MAX_WEIGHT_PANELS]
+    steps = sorted({p[0] for _, points in shown for p in points})
+    fig = Figure(figsize=(11, 2.6 * len(shown)), layout="constrained")
+    axes = fig.subplots(len(shown), 2, squeeze=False, width_ratios=[3, 2])
+    for (name, points), (bands, overlay) in zip(shown, axes, strict=True):
+        _weight_bands(bands, name, points)
+        _weight_overlay(overlay, points)
+    axes[0][0].legend(fontsize=7)
+    text = (
+        f"<p>Each trainable weight's distribution as rank 0 wrote it at the first step and at each "
+        f"checkpoint: {len(steps)} step(s), {steps[0]:,} to {steps[-1]:,}. Left: minimum, quartiles, "
+        "median and maximum against step; right: the distribution at up to four of those steps.</p>"
+    )
+    if len(weights) > len(shown):
+        text += (
+            f"<p>Showing the first {len(shown)} of {len(weights)} weight variables, in the model's "
+            "order; TensorBoard's histogram tab has them all.</p>"
+        )
+    return text + _img(fig, "weight distributions over training")
 
 
 def _rank_series(scalars: dict, name: str) -> dict[int, list]:
@@ -447,6 +546,7 @@ def build_report(
     train: dict,
     scalars: dict[str, list[tuple[int, float, float]]],
     metrics: dict[str, Any],
+    histograms: dict[str, list[tuple[int, float, list]]] | None = None,
     evaluation: dict | None = None,
     estimate: dict | None = None,
     lr_search: dict | None = None,
@@ -458,7 +558,8 @@ def build_report(
 
     ``train``, ``estimate``, ``lr_search``, ``preload`` are the stages' result dicts (see
     docs/ARCHITECTURE.md, "Stages and their contracts"; the last three may be None), ``scalars`` comes from
-    :func:`pipelines.analyze.events.read_scalars`, ``evaluation`` from
+    :func:`pipelines.analyze.events.read_scalars` and ``histograms`` (optional) from
+    :func:`pipelines.analyze.events.read_histograms`, ``evaluation`` from
     :func:`pipelines.analyze.evaluate.evaluate` and ``metrics`` holds the derived figures
     (``balance_efficiency``, ``prediction_error``); ``comparison`` is the published version
     against the promoted one (:func:`pipelines.analyze.stage.compare_versions`).
@@ -467,6 +568,7 @@ def build_report(
         "Summary": _summary(train, evaluation, estimate, metrics),
         "Training curves": _curves(scalars),
         "Learning-rate schedule": _lr_schedule(scalars),
+        "Weight distributions": _weights(histograms),
         "Per-rank throughput and waiting": _per_rank(train, scalars),
         "Balance efficiency": _balance(scalars, metrics),
         "Re-balance events": _rebalances(train),

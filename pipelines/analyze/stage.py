@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from pipelines.analyze.evaluate import evaluate
-from pipelines.analyze.events import EventsNotFoundError, read_scalars
+from pipelines.analyze.events import Events, EventsNotFoundError, read_events
 from pipelines.analyze.report import build_report
 from pipelines.rundir import RunDir, input_key, write_json, write_text
 from pipelines.spec import JobSpec
@@ -22,7 +22,7 @@ __all__ = ["REPORT_VERSION", "run", "derived_metrics"]
 
 log = logging.getLogger(__name__)
 
-REPORT_VERSION = 2  # bump when the report or metrics change, so completed runs are redone
+REPORT_VERSION = 3  # bump when the report or metrics change, so completed runs are redone
 
 
 def _optional_result(run_dir: RunDir, stage: str) -> dict | None:
@@ -61,14 +61,14 @@ def derived_metrics(train: dict, estimate: dict | None) -> dict[str, Any]:
     }
 
 
-def _scalars(train: dict, run_dir: RunDir) -> dict:
-    """The train event files' scalars (empty, with a warning, when there are none)."""
+def _events(train: dict, run_dir: RunDir) -> Events:
+    """The train event files' scalars and histograms (empty, with a warning, when there are none)."""
     events_dir = _location(train.get("events_dir"), run_dir, "train/events")
     try:
-        return read_scalars(events_dir)
+        return read_events(events_dir)
     except EventsNotFoundError as e:
         log.warning("%s; the report's curves will be empty", e)
-        return {}
+        return Events({}, {})
 
 
 def _promoted_version(spec: JobSpec) -> str | None:
@@ -125,7 +125,8 @@ def run(spec: JobSpec, run_dir: RunDir, ctx: StageContext) -> dict[str, Any]:
     """Analyse a finished run.
 
     Reads ``preload`` and ``train`` results (required) and ``estimate`` and ``lr_search`` results
-    (optional), the train event files, and evaluates ``train/saved_model`` on the held-out shards.
+    (optional), the train event files (scalars and weight histograms), and evaluates
+    ``train/saved_model`` on the held-out shards.
     Returns ``{report, metrics, holdout_accuracy, per_class_accuracy, balance_efficiency,
     predicted_total_s, actual_train_s, prediction_error, samples_per_sec, input_key}``.
     """
@@ -144,7 +145,7 @@ def run(spec: JobSpec, run_dir: RunDir, ctx: StageContext) -> dict[str, Any]:
         log.info("analyze already completed for these inputs; returning the stored result")
         return done
 
-    scalars = _scalars(train, run_dir)
+    scalars, histograms = _events(train, run_dir)
     evaluation = _evaluation(spec, preload, train, run_dir)
     metrics = derived_metrics(train, estimate)
     out = Path(run_dir.stage("analyze"))
@@ -153,6 +154,7 @@ def run(spec: JobSpec, run_dir: RunDir, ctx: StageContext) -> dict[str, Any]:
         train=train,
         scalars=scalars,
         metrics=metrics,
+        histograms=histograms,
         evaluation=evaluation,
         estimate=estimate,
         lr_search=lr_search,

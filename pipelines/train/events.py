@@ -1,6 +1,8 @@
-"""TensorBoard events of a training run, one point per window, under ``<out>/events``.
+"""TensorBoard events of a training run under ``<out>/events``: scalars once per window, and a
+histogram of each trainable weight at the first step and at each checkpoint save.
 
-Rank 0 alone writes events; each point shows the whole job, every rank's figures included.
+Rank 0 alone writes events; each scalar point shows the whole job, every rank's figures included.
+``pipelines.analyze.events`` reads both back without TensorFlow.
 """
 
 from __future__ import annotations
@@ -8,8 +10,25 @@ from __future__ import annotations
 import os
 
 
+def weight_tags(variables) -> list[tuple[str, object]]:
+    """``(tag, variable)`` for each variable: ``weights/<layer>/<kernel|bias|...>`` from the
+    variable's name (``dense/kernel:0`` gives ``weights/dense/kernel``); a repeated name gets
+    ``_1``, ``_2``... so no two variables share a tag."""
+    tags, seen = [], set()
+    for v in variables:
+        name = (getattr(v, "path", None) or v.name).split(":")[0]
+        tag, n = f"weights/{name}", 0
+        while tag in seen:
+            n += 1
+            tag = f"weights/{name}_{n}"
+        seen.add(tag)
+        tags.append((tag, v))
+    return tags
+
+
 class EventWriter:
-    """Scalars of each window record (see :func:`pipelines.train.window.window_record`)."""
+    """Scalars of each window record (see :func:`pipelines.train.window.window_record`) and
+    histograms of the model's weights."""
 
     def __init__(self, directory: str | os.PathLike, size: int):
         import tensorflow as tf
@@ -32,6 +51,16 @@ class EventWriter:
                 tf.summary.scalar(f"rank{i}/compute_s", r["compute_s"][i])
                 tf.summary.scalar(f"rank{i}/wait_s", r["wait_s"][i])
                 tf.summary.scalar(f"rank{i}/input_wait_s", r["input_s"][i])
+
+    def histograms(self, step: int, variables) -> None:
+        """One ``tf.summary.histogram`` per variable (see :func:`weight_tags`), then a flush so
+        the histograms of a checkpoint reach the disk with it.  Called at checkpoint times only,
+        never per step: it reads every weight."""
+        tf = self.tf
+        with self.writer.as_default(step=step):
+            for tag, v in weight_tags(variables):
+                tf.summary.histogram(tag, v)
+        self.writer.flush()
 
     def flush(self) -> None:
         self.writer.flush()

@@ -8,8 +8,9 @@ Run under the local launcher or as a Kubernetes pod::
 Each rank trains on a local batch proportional to its measured speed; its loss is weighted by
 N * b_i / B so Horovod's average of the gradients equals the gradient of the mean loss over the
 global batch (docs/ARCHITECTURE.md, "Heterogeneous synchronous training").  Rank 0 alone writes
-checkpoints, events, the model and the stage result (``pipelines.train.result``), which it also
-prints as its last line of output, under either launcher.
+checkpoints, events (with the weights' histograms at each checkpoint), the model and the stage
+result (``pipelines.train.result``), which it also prints as its last line of output, under
+either launcher.
 
 :meth:`Trainer.fit` is the training loop; its parts live beside it in ``pipelines/train/``:
 ``job`` (spec, rows, plan, learning rate), ``step`` (the compiled step and the loss weight),
@@ -139,6 +140,7 @@ class Trainer:
         self.history: list[dict] = []  # one record per window (pipelines.train.window.window_record)
         self.last: tuple[float, float] = (math.nan, math.nan)  # loss and accuracy of the last step
         self.warm_started_from: str | None = None  # the model store version training started from
+        self.events = None  # rank 0's EventWriter (set by fit); None on the other ranks
 
     def fit(self) -> dict:
         """Resume or calibrate; train window by window to the last epoch; save, export, summarise.
@@ -156,12 +158,14 @@ class Trainer:
         self.hvd.broadcast_variables(self.model.variables, root_rank=0)  # broadcast: rank 0's weights to every rank
         if not self.args.no_balance and resumed_from is None:
             self.set_batches(self.calibrate())
-        events = EventWriter(job.out / "events", self.size) if self.rank == 0 else None  # rank 0 alone
+        self.events = events = EventWriter(job.out / "events", self.size) if self.rank == 0 else None  # rank 0 alone
         n, steps_per_epoch = len(job.y), len(epoch_steps(len(job.y), self.batches))
         self.warmup_steps = int(round(t.warmup_epochs * steps_per_epoch))
         self.total_steps = job.epochs * steps_per_epoch  # B is fixed, so every epoch has this many steps
         inputs = RankInput(job.x, job.y, job.shape)  # one prefetching pipeline for the run
         step, done = int(ckpt.step.numpy()), False
+        if events is not None:  # the weights before training (or at the checkpoint resumed from)
+            events.histograms(step, self.model.trainable_variables)
         try:
             for epoch in range(int(ckpt.epoch.numpy()), job.epochs):
                 order, pos = epoch_permutation(n, t.seed, epoch), int(ckpt.pos.numpy())
@@ -173,7 +177,7 @@ class Trainer:
                     break
                 ckpt.mark(epoch + 1, 0)
                 if self.rank == 0:  # rank 0 alone writes checkpoints
-                    ckpt.save(step)  # end of epoch
+                    self.save(step)  # end of epoch
                     log.info("epoch %d done: loss %.4f accuracy %.4f step %d", epoch, *self.last, step)
         finally:
             inputs.close()  # ends the input generator, also when a rank fails
@@ -218,7 +222,7 @@ class Trainer:
                 break
             if rank == 0 and step % every == 0:  # rank 0 alone writes checkpoints
                 ckpt.mark(epoch, pos)
-                ckpt.save(step)
+                self.save(step)
         w.seconds, w.cpu_s = time.perf_counter() - t0, time.process_time() - cpu0
         w.input_s = inputs.take_wait()
         w.loss, w.accuracy, w.lr = float(reduced[0]), float(reduced[1]), lr
@@ -280,6 +284,13 @@ class Trainer:
             log.info("calibrated samples/s %s -> local batches %s (was %s)", [round(r, 1) for r in rates], new, self.batches)
         return new
 
+    def save(self, step: int) -> None:
+        """A checkpoint at ``step`` and, in the events, a histogram of each trainable weight
+        (rank 0 alone calls it)."""
+        self.checkpoints.save(step)
+        if self.events is not None:
+            self.events.histograms(step, self.model.trainable_variables)
+
     def set_batches(self, batches: list[int]) -> None:
         """Train the next steps at these local batches (saved with the next checkpoint)."""
         self.batches = batches
@@ -300,7 +311,7 @@ class Trainer:
 
         job, ckpt = self.job, self.checkpoints
         if self.rank == 0 and (done or ckpt.manager.latest_checkpoint is None):
-            ckpt.save(step)
+            self.save(step)
         summary = self.summary(step, resumed_from, train_s)
         result = stage_result(summary, self.key, job.run_dir)
         if self.rank == 0:

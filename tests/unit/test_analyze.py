@@ -37,7 +37,7 @@ def write_tf_events(logdir: Path, scalars: dict[str, list[tuple[int, float]]], d
         for tag, points in scalars.items():
             for step, value in points:
                 tf.summary.scalar(tag, tf.constant(value, dtype=dtype or tf.float32), step=step)
-        tf.summary.histogram("ignored/histogram", [1.0, 2.0, 3.0], step=0)  # not a scalar: skipped
+        tf.summary.histogram("other/histogram", [1.0, 2.0, 3.0], step=0)  # not a scalar
         tf.summary.text("ignored/text", "hello", step=0)
     writer.close()
     (new,) = set(logdir.glob("events.out.tfevents.*")) - before
@@ -119,6 +119,79 @@ def test_corrupt_record_in_the_middle_names_file_and_offset(tmp_path):
     assert len(events.read_scalars(tmp_path, verify=False)["train/loss"]) >= 3
 
 
+def write_tf_histograms(logdir: Path, histograms: dict[str, list[tuple[int, np.ndarray]]], buckets=None) -> Path:
+    """Write histograms with the real TF2 ``tf.summary.histogram``; returns the event file."""
+    before = set(logdir.glob("events.out.tfevents.*")) if logdir.exists() else set()
+    writer = tf.summary.create_file_writer(str(logdir))
+    with writer.as_default():
+        for tag, points in histograms.items():
+            for step, values in points:
+                tf.summary.histogram(tag, values, step=step, buckets=buckets)
+    writer.close()
+    (new,) = set(logdir.glob("events.out.tfevents.*")) - before
+    return new
+
+
+def tf_decoded(path: Path) -> dict[str, list[tuple[int, list]]]:
+    """What TensorFlow's own parser finds in an event file: ``tag -> [(step, [k, 3] rows)]``."""
+    out: dict[str, list] = {}
+    for event in tf.compat.v1.train.summary_iterator(str(path)):
+        for v in event.summary.value:
+            if v.metadata.plugin_data.plugin_name == "histograms":
+                out.setdefault(v.tag, []).append((event.step, tf.make_ndarray(v.tensor).tolist()))
+    return out
+
+
+def test_reads_tf2_histograms_as_tensorflow_decodes_them(tmp_path):
+    rng = np.random.default_rng(0)
+    kernel = [(s, rng.normal(s, 1.0, (6, 5)).astype(np.float32)) for s in (0, 10, 20)]
+    path = write_tf_histograms(tmp_path, {"weights/d/kernel": kernel, "weights/d/bias": [(0, np.zeros(4, np.float32))]})
+    write_tf_events(tmp_path, {"train/loss": [(0, 1.0)]})  # scalars (and other/histogram) beside them
+
+    got = events.read_histograms(tmp_path)
+
+    assert list(got) == ["weights/d/kernel", "weights/d/bias", "other/histogram"]  # first-written order
+    assert set(events.read_scalars(tmp_path)) == {"train/loss"}
+    expected = tf_decoded(path)
+    for tag in ("weights/d/kernel", "weights/d/bias"):
+        assert [(s, [list(b) for b in buckets]) for s, _, buckets in got[tag]] == expected[tag]
+    for (step, values), (s, wall, buckets) in zip(kernel, got["weights/d/kernel"], strict=True):
+        assert s == step and wall > 1e9 and len(buckets) == 30  # TF 2.15's default bucket count
+        assert sum(c for _, _, c in buckets) == 30
+        assert (buckets[0][0], buckets[-1][1]) == pytest.approx((values.min(), values.max()))
+    assert sum(c for _, _, c in got["other/histogram"][0][2]) == 3
+
+
+def test_histograms_keep_the_latest_per_step_and_read_through_pyarrow(tmp_path):
+    write_tf_histograms(tmp_path, {"w": [(0, np.ones(3)), (5, np.ones(3))]}, buckets=4)
+    write_tf_histograms(tmp_path, {"w": [(5, np.full(6, 2.0)), (9, np.ones(2))]}, buckets=4)  # a resume
+    got = events.read_histograms(tmp_path)["w"]
+    assert [(s, sum(c for *_, c in b), len(b)) for s, _, b in got] == [(0, 3, 4), (5, 6, 4), (9, 2, 4)]
+    assert got[1][2][-1] == (2.0, 2.0, 6.0)  # the constant's count sits in the last bucket
+    assert events.read_histograms(tmp_path.as_uri()) == events.read_histograms(tmp_path)
+    assert events.read_events(str(tmp_path), fs=pa.fs.LocalFileSystem()).histograms == events.read_histograms(tmp_path)
+
+
+def test_reads_tf1_histogram_protos(tmp_path):
+    histo = tf.compat.v1.HistogramProto(min=-1.0, max=4.0, num=6, bucket_limit=[0.0, 2.0, 1.7e308], bucket=[1, 3, 2])
+    summary = tf.compat.v1.Summary(value=[tf.compat.v1.Summary.Value(tag="legacy", histo=histo)])
+    writer = tf.summary.create_file_writer(str(tmp_path))
+    with writer.as_default():
+        tf.summary.experimental.write_raw_pb(summary.SerializeToString(), step=3)
+    writer.close()
+    assert events.read_histograms(tmp_path)["legacy"][0][::2] == (3, [(-1.0, 0.0, 1.0), (0.0, 2.0, 3.0), (2.0, 4.0, 2.0)])
+
+
+def test_malformed_histogram_names_the_tag_file_and_offset(tmp_path):
+    metadata = tf.compat.v1.SummaryMetadata(plugin_data=tf.compat.v1.SummaryMetadata.PluginData(plugin_name="histograms"))
+    writer = tf.summary.create_file_writer(str(tmp_path))
+    with writer.as_default():
+        tf.summary.write("bad/hist", tf.constant([1.0, 2.0]), step=1, metadata=metadata)
+    writer.close()
+    with pytest.raises(events.EventFileError, match=r"events\.out\.tfevents.*offset \d+: histogram 'bad/hist'.*\[2\]"):
+        events.read_histograms(tmp_path)
+
+
 def test_missing_event_folder_raises_naming_it(tmp_path):
     with pytest.raises(events.EventsNotFoundError, match="nowhere"):
         events.read_scalars(tmp_path / "nowhere")
@@ -128,7 +201,8 @@ def test_events_module_does_not_import_tensorflow(tmp_path):
     write_tf_events(tmp_path, {"x": [(0, 1.0)]})
     code = (
         "import sys, pipelines.analyze.events as e; "
-        f"s = e.read_scalars({str(tmp_path)!r}); assert s['x'][0][2] == 1.0, s; "
+        f"s, h = e.read_events({str(tmp_path)!r}); assert s['x'][0][2] == 1.0, s; "
+        "assert sum(c for *_, c in h['other/histogram'][0][2]) == 3, h; "
         "assert 'tensorflow' not in sys.modules; print('ok')"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
@@ -178,6 +252,14 @@ def _export_model(rd: RunDir, x: np.ndarray, y: np.ndarray) -> np.ndarray:
 
 
 def _write_train_events(rd: RunDir) -> None:
+    rng = np.random.default_rng(1)
+    write_tf_histograms(
+        rd.stage("train") / "events",
+        {
+            "weights/dense/kernel": [(s, rng.normal(0, 1.0 / (1 + s / 10), (16, 3))) for s in (0, 20, 40)],
+            "weights/dense/bias": [(s, np.full(3, s / 100)) for s in (0, 20, 40)],
+        },
+    )
     write_tf_events(
         rd.stage("train") / "events",
         {
@@ -283,7 +365,9 @@ def test_full_stage_writes_report_and_metrics(run_dir):
     # every section had its inputs but the model versions' (this run published nothing)
     assert html_text.count('class="missing"') == 1 and "Nothing was published" in html_text
     pngs = images(html_text)
-    assert len(pngs) >= 8 and all(p.startswith(b"\x89PNG") for p in pngs)
+    assert len(pngs) >= 9 and all(p.startswith(b"\x89PNG") for p in pngs)
+    weights = re.search(r'<section id="weight-distributions">(.*?)</section>', html_text).group(1)
+    assert weights.count("<img") == 1 and "3 step(s), 0 to 40" in weights
 
 
 def test_stage_is_idempotent_and_handles_missing_optional_results(run_dir):
@@ -317,6 +401,7 @@ def test_report_sections_without_inputs_say_so():
         assert f"<h2>{heading}</h2>" in html_text
     assert "learning rate was fixed at 0.1" in html_text
     assert "No train/loss" in html_text and "No held-out evaluation" in html_text
+    assert "No weight histograms (weights/* tags) in the event files" in html_text
     assert "<img" not in html_text
 
 
@@ -346,6 +431,32 @@ def test_report_explains_the_range_tests_choice_and_scales_its_plot(monkeypatch)
     assert html_text.count("<tr>") == 4 and "0.81" in html_text  # a header and one row per candidate
     (low, high), = limits
     assert high < 3.0 and low < min(smoothed)  # the divergence spike is off the chart, the minimum on it
+
+
+def test_weight_section_draws_the_first_variables_and_their_quantiles(monkeypatch):
+    import pipelines.analyze.report as report
+
+    assert report._quantiles([(0.0, 1.0, 1), (1.0, 2.0, 1), (2.0, 3.0, 2)], [0, 0.5, 1]) == [0.0, 2.0, 3.0]
+    assert report._quantiles([(5.0, 6.0, 0), (0.5, 0.5, 4)], [0, 0.25, 1]) == [0.5, 0.5, 0.5]  # a constant
+    assert report._quantiles([(0.0, 1.0, 0)], [0.5]) is None
+    histograms = {
+        f"weights/layer{i}/kernel": [(s, 0.0, [(-1.0 - s, 0.0, 5.0), (0.0, 1.0 + s, 5.0)]) for s in (0, 10, 20, 30, 40)]
+        for i in range(10)
+    }
+    histograms["weights/layer0/bias"] = [(0, 0.0, [(0.0, 0.0, 4.0)])]
+    histograms["other/activations"] = histograms["weights/layer1/kernel"]
+    figures = []
+    real_img = report._img
+    monkeypatch.setattr(report, "_img", lambda fig, alt: figures.append(fig) or real_img(fig, alt))
+    html_text = report._weights(histograms)
+    (fig,) = figures
+    titles = [ax.get_title() for ax in fig.axes]
+    assert titles[0::2] == [f"layer{i}/kernel (10 values)" for i in range(8)]  # first 8 of 11, in order
+    assert "first 8 of 11 weight variables" in html_text and "5 step(s), 0 to 40" in html_text
+    steps = [t.get_text() for t in fig.axes[1].get_legend().get_texts()]
+    assert steps == ["step 0", "step 10", "step 30", "step 40"]  # four of five steps, ends included
+    assert "<img" in report._weights({"weights/layer0/bias": [(0, 0.0, [(0.0, 0.0, 4.0)])]})
+    assert "No weight histograms" in report._weights({"other/activations": histograms["other/activations"]})
 
 
 def test_per_rank_section_pieces():

@@ -1,11 +1,13 @@
-"""What rank 0 writes besides checkpoints: TensorBoard events per window, and the SavedModel."""
+"""What rank 0 writes besides checkpoints: TensorBoard events per window, weight histograms at
+checkpoint times, and the SavedModel."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from pipelines.train.events import EventWriter
+from pipelines.analyze.events import read_histograms, read_scalars
+from pipelines.train.events import EventWriter, weight_tags
 from pipelines.train.export import export_saved_model
 
 pytestmark = pytest.mark.trainer
@@ -37,6 +39,61 @@ def test_events_carry_the_run_and_every_rank(tmp_path):
     assert got["rank0/samples_per_sec"] == (30, 24.0)
     assert got["rank1/input_wait_s"] == (30, 0.25)
     assert len(got) == 5 + 2 * 5
+
+
+def tiny_model():
+    import tensorflow as tf
+
+    return tf.keras.Sequential([tf.keras.layers.Input(shape=(5,)), tf.keras.layers.Dense(4, name="hidden"),
+                                tf.keras.layers.Dense(3, name="logits")])
+
+
+def test_weight_histograms_read_back_without_tensorflow(tmp_path):
+    model = tiny_model()
+    writer = EventWriter(tmp_path, size=1)
+    writer.histograms(0, model.trainable_variables)  # the first step: before any update
+    model.get_layer("hidden").bias.assign([0.5, 1.5, 2.5, 3.5])
+    writer.histograms(40, model.trainable_variables)  # a checkpoint; flushed without writer.flush()
+
+    got = read_histograms(tmp_path)
+    assert list(got) == ["weights/hidden/kernel", "weights/hidden/bias", "weights/logits/kernel",
+                         "weights/logits/bias"]  # the model's order
+    assert read_scalars(tmp_path) == {}  # no histogram mistaken for a scalar
+    for v, (tag, points) in zip(model.trainable_variables, got.items(), strict=True):
+        assert [p[0] for p in points] == [0, 40], tag
+        for _, _, buckets in points:
+            assert sum(c for _, _, c in buckets) == int(np.prod(v.shape)), tag
+    kernel = model.get_layer("hidden").kernel.numpy()
+    buckets = got["weights/hidden/kernel"][-1][2]
+    assert (buckets[0][0], buckets[-1][1]) == pytest.approx((kernel.min(), kernel.max()))
+    before, after = got["weights/hidden/bias"][0][2], got["weights/hidden/bias"][1][2]
+    assert {(a, b) for a, b, c in before if c} == {(0.0, 0.0)}  # zeros at initialisation
+    assert (after[0][0], after[-1][1]) == (0.5, 3.5)
+
+
+def test_weight_tags_name_layer_and_variable_once_each():
+    import tensorflow as tf
+
+    variables = [tf.Variable([1.0], name="dense/kernel"), tf.Variable([1.0], name="dense/kernel"),
+                 tf.Variable([1.0], name="bias")]
+    assert [t for t, _ in weight_tags(variables)] == ["weights/dense/kernel", "weights/dense/kernel_1",
+                                                      "weights/bias"]
+
+
+def test_checkpoint_saves_write_histograms_on_rank_0_only(tmp_path):
+    from types import SimpleNamespace
+
+    from pipelines.train.trainer import Trainer
+
+    saved, model = [], tiny_model()
+    checkpoints = SimpleNamespace(save=saved.append)
+    rank0 = SimpleNamespace(checkpoints=checkpoints, model=model, events=EventWriter(tmp_path / "r0", size=2))
+    Trainer.save(rank0, 7)
+    Trainer.save(SimpleNamespace(checkpoints=checkpoints, model=model, events=None), 9)
+    assert saved == [7, 9]
+    assert {tag: [p[0] for p in points] for tag, points in read_histograms(tmp_path).items()} == {
+        tag: [7] for tag, _ in weight_tags(model.trainable_variables)
+    }
 
 
 def test_saved_model_normalises_raw_features(tmp_path):
