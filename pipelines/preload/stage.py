@@ -97,14 +97,6 @@ def selection_interval(dataset: DatasetSpec, ctx: StageContext) -> tuple[dt.date
     return None, None
 
 
-def _key_column(info: FileInfo) -> str | None:
-    import pyarrow as pa
-
-    if KEY_COLUMN in info.schema.names and pa.types.is_integer(info.schema.field(KEY_COLUMN).type):
-        return KEY_COLUMN
-    return None
-
-
 def _content_hash(
     dataset: DatasetSpec, infos: Sequence[FileInfo], seed: int, shard_rows: int, key: str | None
 ) -> str:
@@ -149,8 +141,9 @@ def plan_preload(
     source = discover(dataset.uri, dataset.partition_column)
     source, partitions = select_partitions(source, dataset.partition_column, start, end)
     infos = inspect_files(source)
-    check_schema(infos, dataset.feature_column, dataset.label_column, dataset.feature_size)
-    key = _key_column(infos[0])
+    key = check_schema(
+        infos, dataset.feature_column, dataset.label_column, dataset.feature_size, key_column=KEY_COLUMN
+    )
     return PreloadPlan(
         dataset=dataset,
         source=source,
