@@ -577,6 +577,20 @@ def test_fractional_or_nan_labels_are_errors_naming_the_row(tmp_path, value, fra
     expect(tmp_path, p, str(p), "column 'label', row 13", fragment)
 
 
+def test_hive_default_partition_is_skipped_with_an_interval_and_read_without(tmp_path, caplog):
+    data = days(tmp_path / "data", n_days=2, rows=40)
+    write(data / "dt=__HIVE_DEFAULT_PARTITION__" / "part-0.parquet", table(7, first_id=1000))
+    with caplog.at_level("WARNING", logger="pipelines.data.sources"):
+        r = do(tmp_path, data, interval_start=dt.date(2026, 1, 1), interval_end=dt.date(2026, 1, 3))
+    assert r["rows"] == 80 and r["partitions"] == ["2026-01-01", "2026-01-02"]
+    assert not any("__HIVE_DEFAULT_PARTITION__" in s for s in r["sources"])
+    assert "skipping 1 file(s) in dt=__HIVE_DEFAULT_PARTITION__" in caplog.text
+    assert do(tmp_path, data, interval_start=dt.date(2026, 1, 2))["rows"] == 40  # one bound is enough
+    # without an interval every file is read, the rows without a date included
+    everything = do(tmp_path, data)
+    assert everything["rows"] == 87 and "__HIVE_DEFAULT_PARTITION__" in everything["partitions"]
+
+
 # ------------------------------------------------------------------------------ bounded memory
 
 MEMORY_PROBE = textwrap.dedent(
