@@ -5,10 +5,12 @@ from __future__ import annotations
 import datetime as dt
 import json
 import os
+import signal
 import subprocess
 import sys
 import textwrap
 import threading
+import time
 from pathlib import Path
 
 import numpy as np
@@ -18,7 +20,7 @@ import pytest
 
 from pipelines.data.sources import check_allowed, day_range, open_filesystem, redact_uri
 from pipelines.errors import DataError, StageError
-from pipelines.preload.stage import holdout_mask, preload, run, selection_interval
+from pipelines.preload.stage import STALE_TMP_AGE_S, holdout_mask, preload, run, selection_interval
 from pipelines.rundir import RunDir
 from pipelines.spec import DatasetSpec, JobSpec, PartitionFilter
 from pipelines.stages import StageContext
@@ -589,6 +591,92 @@ def test_hive_default_partition_is_skipped_with_an_interval_and_read_without(tmp
     # without an interval every file is read, the rows without a date included
     everything = do(tmp_path, data)
     assert everything["rows"] == 87 and "__HIVE_DEFAULT_PARTITION__" in everything["partitions"]
+
+
+SIGTERM_PROBE = textwrap.dedent(
+    """
+    import os, sys, time
+    import pipelines.preload.stage as stage
+    from pipelines.spec import DatasetSpec
+
+    data, cache, ready = sys.argv[1], sys.argv[2], sys.argv[3]
+    real_write = stage._ShardWriter.write
+
+    def write(self, batch):  # the first batch is written, then the test's SIGTERM comes
+        real_write(self, batch)
+        if not os.path.exists(ready):
+            open(ready, "w").close()
+        time.sleep(30)
+
+    stage._ShardWriter.write = write
+    stage.preload(DatasetSpec(uri=data, feature_shape=[4], num_classes=3), cache + "-out", seed=0, cache_root=cache)
+    print("finished")
+    """
+)
+
+
+def test_sigterm_during_a_preload_removes_its_temporary_folder(tmp_path):
+    data = days(tmp_path / "data", n_days=2, rows=50)
+    cache, ready = tmp_path / "cache", tmp_path / "ready"
+    proc = subprocess.Popen(
+        [sys.executable, "-c", SIGTERM_PROBE, str(data), str(cache), str(ready)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while not ready.exists() and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert ready.exists(), proc.communicate(timeout=5)
+        assert [n for n in cache_contents(tmp_path) if ".tmp-" in n]  # mid-conversion: a shard is written
+        os.kill(proc.pid, signal.SIGTERM)
+        out, err = proc.communicate(timeout=30)
+    finally:
+        proc.kill()
+    assert proc.returncode == -signal.SIGTERM, err  # the process still ends by SIGTERM
+    assert "finished" not in out and "stopped by SIGTERM" in err
+    assert cache_contents(tmp_path) == []
+
+
+def test_preload_restores_the_sigterm_handler(tmp_path):
+    data = days(tmp_path / "data", n_days=1, rows=20)
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
+    do(tmp_path, data)
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
+
+    def mine(signum, frame):
+        pass
+
+    previous = signal.signal(signal.SIGTERM, mine)
+    try:
+        do(tmp_path, data, seed=7)  # someone else's handler is left alone
+        assert signal.getsignal(signal.SIGTERM) is mine
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def test_stale_temporary_folders_are_removed_and_fresh_ones_kept(tmp_path):
+    cache = tmp_path / "cache"
+    old = time.time() - STALE_TMP_AGE_S - 60
+    folders = {
+        "stale": ".aaa.tmp-11111111",  # a SIGKILLed build: nothing in it changed for long
+        "old-refresh": ".bbb.old-22222222",
+        "fresh": ".ccc.tmp-33333333",  # a concurrent build that just started
+        "live": ".ddd.tmp-44444444",  # an old folder whose build still writes shards
+        "entry": "eeeeeeee",  # a published entry, however old, is never touched
+    }
+    for key, name in folders.items():
+        shard = cache / name / "train" / "train-00000.arrow"
+        shard.parent.mkdir(parents=True)
+        shard.write_bytes(b"x")
+        if key != "fresh":
+            for p in (shard, shard.parent, shard.parent.parent):
+                os.utime(p, (old, old))
+    os.utime(cache / folders["live"] / "train" / "train-00000.arrow")  # written just now
+    r = do(tmp_path, days(tmp_path / "data", n_days=1, rows=20))
+    kept = {folders["fresh"], folders["live"], folders["entry"], r["content_hash"]}
+    assert set(cache_contents(tmp_path)) == kept
 
 
 # ------------------------------------------------------------------------------ bounded memory
