@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
+import logging
 import posixpath
 import urllib.parse
 from collections.abc import Sequence
@@ -30,9 +31,14 @@ __all__ = [
     "discover",
     "day_range",
     "select_partitions",
+    "HIVE_DEFAULT_PARTITION",
 ]
 
+log = logging.getLogger(__name__)
+
 REMOTE_SCHEMES = ("s3", "gs", "gcs", "hdfs", "viewfs", "abfs", "abfss")
+# The folder Hive and Spark write rows with a null partition value into (``dt=__HIVE_DEFAULT_PARTITION__``)
+HIVE_DEFAULT_PARTITION = "__HIVE_DEFAULT_PARTITION__"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -211,11 +217,23 @@ def select_partitions(
 ) -> tuple[Dataset, list[str]]:
     """Keep the files whose ``column=YYYY-MM-DD`` partition lies in ``[start, end)``.
 
-    With neither bound every file is kept.  Returns the narrowed dataset and the sorted partition
+    With neither bound every file is kept, those of Hive's ``__HIVE_DEFAULT_PARTITION__`` (rows
+    whose ``column`` is null) included.  With a bound those are skipped, with a warning: their rows
+    have no date, so they lie in no interval.  Returns the narrowed dataset and the sorted partition
     values it reads (``[]`` when the dataset is not partitioned by ``column``).
     """
     present = sorted({f.partition for f in dataset.files if f.partition is not None})
+    default = [f for f in dataset.files if f.partition == HIVE_DEFAULT_PARTITION]
     if start is None and end is None:
+        if default:
+            log.info(
+                "dataset %s: reading %d file(s) in %s=%s (rows without a %s) since no interval is set",
+                dataset.uri,
+                len(default),
+                column,
+                HIVE_DEFAULT_PARTITION,
+                column,
+            )
         return dataset, present
     interval = f"[{start or '-inf'}, {end or '+inf'})"
     if not present:
@@ -223,20 +241,21 @@ def select_partitions(
             f"dataset {dataset.uri!r} is not partitioned by {column!r} (no '{column}=...' folders), "
             f"so the interval {interval} cannot be selected"
         )
-    keep = []
-    for f in dataset.files:
-        if f.partition is None:
-            raise DataError(
-                f"{dataset.display(f)}: has no '{column}=...' folder in its path; cannot select {interval}"
-            )
-        try:
-            day = dt.date.fromisoformat(f.partition[:10])
-        except ValueError:
-            raise DataError(
-                f"{dataset.display(f)}: partition {column}={f.partition!r} is not a date (YYYY-MM-DD)"
-            ) from None
-        if (start is None or day >= start) and (end is None or day < end):
-            keep.append(f)
+    keep = [
+        f
+        for f in dataset.files
+        if f.partition != HIVE_DEFAULT_PARTITION and _in_days(dataset, f, column, start, end)
+    ]
+    if default:
+        log.warning(
+            "dataset %s: skipping %d file(s) in %s=%s: their rows have no %s, so they lie in no interval %s",
+            dataset.uri,
+            len(default),
+            column,
+            HIVE_DEFAULT_PARTITION,
+            column,
+            interval,
+        )
     if not keep:
         shown = ", ".join(present[:10]) + (f", ... ({len(present)} in all)" if len(present) > 10 else "")
         raise DataError(
@@ -244,3 +263,21 @@ def select_partitions(
         )
     chosen = sorted({f.partition for f in keep if f.partition is not None})
     return dataclasses.replace(dataset, files=tuple(keep)), chosen
+
+
+def _in_days(
+    dataset: Dataset, f: SourceFile, column: str, start: dt.date | None, end: dt.date | None
+) -> bool:
+    """Whether ``f``'s partition day lies in ``[start, end)``; a file without a day is an error."""
+    interval = f"[{start or '-inf'}, {end or '+inf'})"
+    if f.partition is None:
+        raise DataError(
+            f"{dataset.display(f)}: has no '{column}=...' folder in its path; cannot select {interval}"
+        )
+    try:
+        day = dt.date.fromisoformat(f.partition[:10])
+    except ValueError:
+        raise DataError(
+            f"{dataset.display(f)}: partition {column}={f.partition!r} is not a date (YYYY-MM-DD)"
+        ) from None
+    return (start is None or day >= start) and (end is None or day < end)

@@ -9,7 +9,9 @@ statistics into a cache entry ``<cache_root>/<content_hash>/``.
 The content hash covers every selected file (relative path, size, modification time, footer bytes)
 and the spec fields that change the output, so a rerun or a retry with the same inputs reuses the
 entry and a changed source file misses it.  An entry is built in a temporary folder and renamed
-into place: a crash never leaves a half entry, and two runs never write the same folder.
+into place: a crash never leaves a half entry, and two runs never write the same folder.  An error,
+Ctrl-C or SIGTERM (how a killed task's stage is stopped) removes the temporary folder; one left by a
+SIGKILL or a lost node is removed by a later build once it is :data:`STALE_TMP_AGE_S` old.
 
 Memory stays bounded: ``workers`` threads each decode and check one row group at a time, batch by
 batch, and hand at most ``queue_depth`` converted batches to the writer (see "Bounded memory" in README.md).
@@ -26,6 +28,7 @@ import logging
 import os
 import queue
 import shutil
+import signal
 import threading
 import time
 import uuid
@@ -49,6 +52,8 @@ __all__ = [
     "selection_interval",
     "holdout_mask",
     "default_cache_root",
+    "remove_stale",
+    "STALE_TMP_AGE_S",
 ]
 
 log = logging.getLogger(__name__)
@@ -58,6 +63,9 @@ KEY_COLUMN = "id"
 DEFAULT_SHARD_ROWS = 65_536
 DEFAULT_BATCH_BYTES = 4 << 20
 _MASK64 = (1 << 64) - 1
+# A temporary cache folder in which nothing changed this long is a dead build's: a live one writes a
+# batch into its current shard every few seconds, so none is ever this old.
+STALE_TMP_AGE_S = 6 * 3600
 
 
 @dataclasses.dataclass(frozen=True)
@@ -95,14 +103,6 @@ def selection_interval(dataset: DatasetSpec, ctx: StageContext) -> tuple[dt.date
             )
         return day_range(ctx.data_interval_start, ctx.data_interval_end)
     return None, None
-
-
-def _key_column(info: FileInfo) -> str | None:
-    import pyarrow as pa
-
-    if KEY_COLUMN in info.schema.names and pa.types.is_integer(info.schema.field(KEY_COLUMN).type):
-        return KEY_COLUMN
-    return None
 
 
 def _content_hash(
@@ -149,8 +149,9 @@ def plan_preload(
     source = discover(dataset.uri, dataset.partition_column)
     source, partitions = select_partitions(source, dataset.partition_column, start, end)
     infos = inspect_files(source)
-    check_schema(infos, dataset.feature_column, dataset.label_column, dataset.feature_size)
-    key = _key_column(infos[0])
+    key = check_schema(
+        infos, dataset.feature_column, dataset.label_column, dataset.feature_size, key_column=KEY_COLUMN
+    )
     return PreloadPlan(
         dataset=dataset,
         source=source,
@@ -368,13 +369,15 @@ def _convert(
     counts = np.zeros(ds.num_classes, dtype=np.int64)
     hold_counts = np.zeros(ds.num_classes, dtype=np.int64)
     try:
-        for c in _converted_stream(plan, batch_rows, workers, queue_depth):
-            train.write(c.train)
-            hold.write(c.holdout)
-            total += c.feature_sum
-            total_sq += c.feature_sumsq
-            counts += c.train_counts
-            hold_counts += c.holdout_counts
+        # closing: the workers stop before the caller removes the folder, even on SIGTERM or Ctrl-C
+        with contextlib.closing(_converted_stream(plan, batch_rows, workers, queue_depth)) as converted:
+            for c in converted:
+                train.write(c.train)
+                hold.write(c.holdout)
+                total += c.feature_sum
+                total_sq += c.feature_sumsq
+                counts += c.train_counts
+                hold_counts += c.holdout_counts
     finally:
         train.close()
         hold.close()
@@ -456,6 +459,87 @@ def _publish(tmp: Path, entry: Path, refresh: bool) -> bool:
         return False
 
 
+class _Terminated(BaseException):
+    """SIGTERM as an exception in the main thread, so that the stack unwinds as for Ctrl-C."""
+
+
+@contextlib.contextmanager
+def _temporary(folder: Path) -> Iterator[Path]:
+    """``folder``, removed on leaving whatever the cause: done, an error, Ctrl-C or SIGTERM.
+
+    Meanwhile SIGTERM (how the stage runner stops a killed task) raises :class:`_Terminated` in the
+    main thread, so the workers stop and the shards close as for Ctrl-C; on leaving, the folder is
+    removed, SIGTERM's default action is restored and the signal delivered again, so the process
+    still ends by SIGTERM.  Only where SIGTERM has its default action and in the main thread (the
+    only one Python runs handlers in): a handler someone else installed, or an ignored SIGTERM, is
+    left alone.
+    """
+    own = (
+        threading.current_thread() is threading.main_thread()
+        and signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
+    )
+    state = {"armed": True, "received": False}
+
+    def on_sigterm(signum: int, frame: Any) -> None:
+        state["received"] = True
+        if state["armed"]:  # once: a second SIGTERM must not interrupt the cleanup
+            state["armed"] = False
+            raise _Terminated
+
+    try:
+        if own:
+            signal.signal(signal.SIGTERM, on_sigterm)
+        yield folder
+    finally:
+        state["armed"] = False
+        shutil.rmtree(folder, ignore_errors=True)
+        if own:
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        if state["received"]:
+            log.warning("preload: stopped by SIGTERM; removed %s", folder)
+            os.kill(os.getpid(), signal.SIGTERM)
+            raise SystemExit(128 + signal.SIGTERM)  # reached only where SIGTERM is blocked
+
+
+def _newest_mtime(folder: str) -> float:
+    """The newest modification time of ``folder`` and anything in it."""
+    newest = os.stat(folder).st_mtime
+    for parent, dirs, files in os.walk(folder):
+        for name in dirs + files:
+            with contextlib.suppress(OSError):
+                newest = max(newest, os.stat(os.path.join(parent, name), follow_symlinks=False).st_mtime)
+    return newest
+
+
+def remove_stale(cache_root: str | os.PathLike, max_age_s: float = STALE_TMP_AGE_S) -> list[str]:
+    """Remove the temporary folders (``.<hash>.tmp-*``, ``.<hash>.old-*``) in ``cache_root`` that
+    nothing changed in for ``max_age_s``: left by a build killed by SIGKILL or a lost node.  A live
+    build's folder, written every few seconds, is never that old.  Returns the names removed."""
+    now = time.time()
+    try:
+        candidates = [
+            e.path
+            for e in os.scandir(cache_root)
+            if e.name.startswith(".")
+            and (".tmp-" in e.name or ".old-" in e.name)
+            and e.is_dir(follow_symlinks=False)
+        ]
+    except OSError:  # no cache yet
+        return []
+    removed = []
+    for path in candidates:
+        try:
+            stale = now - os.stat(path).st_mtime > max_age_s and now - _newest_mtime(path) > max_age_s
+        except OSError:  # gone meanwhile: its build finished, or another sweep took it
+            continue
+        if stale:
+            shutil.rmtree(path, ignore_errors=True)
+            removed.append(os.path.basename(path))
+    if removed:
+        log.info("preload: removed %d stale temporary folder(s) in %s: %s", len(removed), cache_root, removed)
+    return removed
+
+
 def build(
     plan: PreloadPlan,
     cache_root: str | os.PathLike,
@@ -468,11 +552,13 @@ def build(
     """The manifest of ``plan``'s cache entry, converting the data only when no complete entry exists.
 
     The entry ``<cache_root>/<content_hash>/`` is built in a temporary sibling folder and renamed
-    into place; on any error the temporary folder is removed and nothing else is touched.
+    into place; on any error, Ctrl-C or SIGTERM the temporary folder is removed and nothing else is
+    touched.  Temporary folders of dead builds older than :data:`STALE_TMP_AGE_S` are removed first.
     ``refresh`` rebuilds and replaces an existing entry.  The result has ``cache_hit``.
     """
     root = Path(cache_root).absolute()
     entry = root / plan.content_hash
+    remove_stale(root)
     if not refresh and (hit := _load_entry(entry)) is not None:
         log.info(
             "preload: cache hit %s (%d rows, partitions %s)", entry, hit["rows"], hit["partitions"] or "none"
@@ -491,12 +577,10 @@ def build(
         list(plan.partitions) or "none",
         entry,
     )
-    try:
+    with _temporary(tmp):
         stats = _convert(plan, tmp, batch_rows, workers, queue_depth)
         write_json(tmp / "manifest.json", _manifest(plan, tmp, stats))
         won = _publish(tmp, entry, refresh)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
     result = _load_entry(entry)
     if result is None:
         raise StageError(f"{entry}: cache entry vanished right after it was written")

@@ -1,9 +1,12 @@
 """Checks on a Parquet dataset: file-level before any work, value-level while streaming.
 
 File level (:func:`inspect_files`, :func:`check_schema`): every file starts and ends with the
-Parquet magic, its footer parses, the feature and label columns exist with usable types, and all
-files share one schema.  Value level (:func:`convert_batch`): no nulls, feature lists of the right
-length, finite features, labels in ``0 .. num_classes-1``.  Every error names the file and column.
+Parquet magic, its footer parses, the feature and label columns exist with usable types in every
+file, and they are of the same kind in all files (:func:`kind_of`: ``int32`` and ``int64`` are both
+integers, ``list<item>``, ``list<element>`` and ``fixed_size_list`` are all lists; columns preload
+does not read are not compared).  Value level (:func:`convert_batch`): no nulls, feature lists of
+the right length, finite features, labels whole numbers in ``0 .. num_classes-1``.  Every error
+names the file and column.
 """
 
 from __future__ import annotations
@@ -18,7 +21,16 @@ from typing import Any
 from pipelines.data.sources import Dataset, SourceFile
 from pipelines.errors import DataError
 
-__all__ = ["FileInfo", "inspect_files", "check_schema", "Converted", "convert_batch", "output_schema"]
+__all__ = [
+    "FileInfo",
+    "Kind",
+    "kind_of",
+    "inspect_files",
+    "check_schema",
+    "Converted",
+    "convert_batch",
+    "output_schema",
+]
 
 MAGIC = b"PAR1"
 MAX_LISTED = 20
@@ -95,8 +107,59 @@ def inspect_files(dataset: Dataset, threads: int = 8) -> list[FileInfo]:
     return infos
 
 
-def _describe(schema: Any) -> dict[str, str]:
-    return {f.name: str(f.type) for f in schema}
+@dataclasses.dataclass(frozen=True)
+class Kind:
+    """What preload uses of a column's type, whatever its spelling: the logical kind (``integer``,
+    ``floating``, ``list``, ``string``, ``all null``, ``missing``, ...), a list's element kind and a
+    fixed-size list's length (``None``: a variable-length list, whose lengths are checked per row)."""
+
+    name: str
+    values: str | None = None
+    length: int | None = None
+
+    def __str__(self) -> str:
+        if self.name != "list":
+            return self.name
+        size = f"{self.length} values" if self.length is not None else "variable length"
+        return f"list of {self.values} ({size})"
+
+    def matches(self, other: Kind) -> bool:
+        """Same kind and element kind; lengths agree where both are fixed."""
+        if (self.name, self.values) != (other.name, other.values):
+            return False
+        return self.length is None or other.length is None or self.length == other.length
+
+
+_NUMBERS = ("integer", "floating")
+
+
+def kind_of(t: Any) -> Kind:
+    """The :class:`Kind` of an Arrow type (``None``: the column is missing).
+
+    Widths (``int32``/``int64``, ``float``/``double``), a list's field name (``item``/``element``),
+    the nullability of its elements and ``list``/``large_list``/``fixed_size_list`` do not count.
+    """
+    import pyarrow as pa
+
+    if t is None:
+        return Kind("missing")
+    if pa.types.is_fixed_size_list(t):
+        return Kind("list", kind_of(t.value_type).name, t.list_size)
+    if pa.types.is_list(t) or pa.types.is_large_list(t):
+        return Kind("list", kind_of(t.value_type).name)
+    scalars = (
+        ("integer", pa.types.is_integer),
+        ("floating", pa.types.is_floating),
+        ("boolean", pa.types.is_boolean),
+        ("all null", pa.types.is_null),
+        ("string", lambda t: pa.types.is_string(t) or pa.types.is_large_string(t)),
+    )
+    return next((Kind(name) for name, test in scalars if test(t)), Kind(str(t)))
+
+
+def _column_kind(info: FileInfo, column: str) -> Kind:
+    schema = info.schema
+    return kind_of(schema.field(column).type if column in schema.names else None)
 
 
 def _feature_value_type(info: FileInfo, column: str, feature_size: int) -> Any:
@@ -120,37 +183,76 @@ def _feature_value_type(info: FileInfo, column: str, feature_size: int) -> Any:
     return vt
 
 
-def check_schema(
-    infos: Sequence[FileInfo], feature_column: str, label_column: str, feature_size: int
-) -> None:
-    """Columns exist with usable types, every file has the first file's schema, and there is a row."""
-    import pyarrow as pa
+def _check_label(info: FileInfo, column: str) -> None:
+    if column not in info.schema.names:
+        raise DataError(f"{info.name}: label column {column!r} is missing (columns: {info.schema.names})")
+    if _column_kind(info, column).name not in _NUMBERS:
+        raise DataError(
+            f"{info.name}: label column {column!r} has type {info.schema.field(column).type}; "
+            "expected integers (or floats holding whole numbers)"
+        )
 
+
+def _drift(column: str, role: str, have: Kind, want: Kind) -> str | None:
+    """How ``have`` (this file) differs from ``want`` (the first file) for the column's role, or None.
+
+    A label may be integer in one file and floating in another (both hold class numbers, checked
+    row by row); the key counts only as "integer" or not (it is the split's key or absent)."""
+    if role == "label" and have.name in _NUMBERS and want.name in _NUMBERS:
+        return None
+    if role == "key":
+        if (have.name == "integer") == (want.name == "integer"):
+            return None
+        return (
+            f"column {column!r} is {have} here but {want} "
+            "(the held-out split's key must be an integer column in every file or in none)"
+        )
+    return None if have.matches(want) else f"column {column!r} is {have} here but {want}"
+
+
+def check_schema(
+    infos: Sequence[FileInfo],
+    feature_column: str,
+    label_column: str,
+    feature_size: int,
+    key_column: str | None = None,
+) -> str | None:
+    """Columns exist with usable types in every file, are of one kind across files, and there is a row.
+
+    Only the columns preload reads are compared (:func:`kind_of`): the feature and label columns and
+    ``key_column``, the held-out split's key when it holds integers.  Every drifted file is listed
+    with the column and both kinds.  Returns the key column to use, or None.
+    """
     first = infos[0]
     _feature_value_type(first, feature_column, feature_size)
-    if label_column not in first.schema.names:
-        raise DataError(
-            f"{first.name}: label column {label_column!r} is missing (columns: {first.schema.names})"
-        )
-    lt = first.schema.field(label_column).type
-    if not pa.types.is_integer(lt):
-        raise DataError(
-            f"{first.name}: label column {label_column!r} has type {lt}; expected an integer type"
-        )
-    want = _describe(first.schema)
+    _check_label(first, label_column)
+    roles = {feature_column: "feature", label_column: "label"}
+    if key_column is not None and key_column not in roles:
+        roles[key_column] = "key"
+    want = {c: _column_kind(first, c) for c in roles}
+    errors = []
     for info in infos[1:]:
-        have = _describe(info.schema)
-        if have == want:
+        diffs = [d for c, r in roles.items() if (d := _drift(c, r, _column_kind(info, c), want[c]))]
+        if diffs:
+            errors.append(f"{info.name} differs from {first.name}: " + "; ".join(diffs))
             continue
-        diffs = [f"column {c!r} is missing" for c in want if c not in have]
-        diffs += [f"extra column {c!r}" for c in have if c not in want]
-        diffs += [
-            f"column {c!r} is {have[c]} here but {want[c]}" for c in want if c in have and have[c] != want[c]
-        ]
-        raise DataError(f"schema drift: {info.name} differs from {first.name}: " + "; ".join(diffs))
+        try:
+            _feature_value_type(info, feature_column, feature_size)  # a fixed length where the first varies
+        except DataError as e:
+            errors.append(str(e))
+    if errors:
+        more = f"\n  ... and {len(errors) - MAX_LISTED} more" if len(errors) > MAX_LISTED else ""
+        raise DataError(
+            f"schema drift in {len(errors)} of {len(infos)} file(s):\n  "
+            + "\n  ".join(errors[:MAX_LISTED])
+            + more
+        )
     if sum(i.num_rows for i in infos) == 0:
         names = ", ".join(i.name for i in infos[:5])
         raise DataError(f"the dataset has no rows ({len(infos)} file(s) with 0 rows: {names})")
+    if key_column is not None and _column_kind(first, key_column).name == "integer":
+        return key_column
+    return None
 
 
 def output_schema(feature_size: int, feature_shape: Sequence[int], num_classes: int) -> Any:
@@ -214,6 +316,18 @@ def _features(batch: Any, name: str, column: str, feature_size: int, first_row: 
     return values.to_numpy(zero_copy_only=False)
 
 
+def _check_whole(y: Any, name: str, column: str, first_row: int) -> None:
+    """Floating labels must be whole numbers (3.0 is class 3); NaN, infinities and 2.5 are errors."""
+    import numpy as np
+
+    bad = np.flatnonzero(~np.isfinite(y) | (np.trunc(y) != y))
+    if bad.size:
+        row = int(bad[0])
+        value = float(y[row])
+        what = "is NaN" if np.isnan(value) else f"{value!r} is not a whole number"
+        raise DataError(f"{_where(name, column, first_row + row)}: label {what} (labels are class numbers)")
+
+
 def _labels(batch: Any, name: str, column: str, num_classes: int, first_row: int) -> Any:
     import numpy as np
 
@@ -222,6 +336,8 @@ def _labels(batch: Any, name: str, column: str, num_classes: int, first_row: int
         row = int(np.flatnonzero(col.is_null().to_numpy(zero_copy_only=False))[0])
         raise DataError(f"{_where(name, column, first_row + row)}: null label (nulls are not allowed)")
     y = col.to_numpy(zero_copy_only=False)
+    if y.dtype.kind == "f":  # Spark and pandas write whole-number labels as double
+        _check_whole(y, name, column, first_row)
     bad = np.flatnonzero((y < 0) | (y >= num_classes))
     if bad.size:
         row = int(bad[0])
