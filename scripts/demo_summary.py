@@ -1,4 +1,5 @@
-"""Print the newest run's report path and held-out accuracy; exit 1 if the run did not finish."""
+"""Print the newest run's report path, held-out accuracy, published version and whether it was
+promoted; exit 1 if the run did not finish."""
 
 from __future__ import annotations
 
@@ -21,9 +22,19 @@ def main() -> int:
     if not results:
         print("ERROR: the DAG run did not produce an analysis; see the log above", file=sys.stderr)
         return 1
-    result = json.loads(max(results, key=lambda r: r.stat().st_mtime).read_text())
+    newest = max(results, key=lambda r: r.stat().st_mtime)
+    result = json.loads(newest.read_text())
     print(f"report: {result['report']}")
     print(f"held-out accuracy: {result['holdout_accuracy']:.4f}")
+    run = newest.parent.parent
+    promote = run / "promote" / "result.json"
+    if not promote.is_file():
+        print("ERROR: the run did not reach the promote task; see the log above", file=sys.stderr)
+        return 1
+    publish, promoted = json.loads((run / "publish" / "result.json").read_text()), json.loads(promote.read_text())
+    print(f"published: {publish['model']} {publish['version']} at {publish['uri']}")
+    state = "promoted" if promoted["promoted"] else "not promoted"
+    print(f"{state}: {promoted['reason']}" + (f" (was {promoted['previous']})" if promoted.get("previous") else ""))
     return 0
 
 

@@ -129,7 +129,7 @@ class DatasetSpec(_Strict):
         description="Parquet file, folder or hive-partitioned dataset: a local path, file://, s3://, gs:// or hdfs:// URI."
     )
     feature_column: str = Field("image", description="Column holding each example's features (list of floats).")
-    label_column: str = Field("label", description="Column holding the integer class label.")
+    label_column: str = Field("label", description="Column holding the class label: integers, or whole-number floats.")
     feature_shape: list[Annotated[int, Field(ge=1)]] = Field(
         default_factory=lambda: [28, 28, 1], min_length=1, description="Shape of one example's features."
     )

@@ -74,7 +74,7 @@ def test_pipeline_runs_end_to_end(local_run):
     runs = list((artifacts / "train_pipeline").glob("*"))
     assert len(runs) == 1, log[-5000:]
     run = runs[0]
-    for stage in ("preload", "estimate", "lr_search", "train", "analyze"):
+    for stage in ("preload", "estimate", "lr_search", "train", "publish", "analyze", "promote"):
         assert (run / stage / "result.json").is_file(), f"{stage} did not finish:\n{log[-5000:]}"
     train = json.loads((run / "train" / "result.json").read_text())
     assert train["global_batch"] == 64
@@ -92,6 +92,15 @@ def test_pipeline_runs_end_to_end(local_run):
     assert analysis["holdout_accuracy"] > 0.3  # well above chance (0.1) after two short epochs
     assert Path(analysis["report"]).is_file()
     assert succeeded(log)
+    # the model is published as version 1 of the store under the artifact root, and promoted
+    # (nothing was promoted before); the approval task did not wait for a person (mode auto)
+    publish = json.loads((run / "publish" / "result.json").read_text())
+    assert publish["version"] == "v0001" and publish["uri"] == str(artifacts / "models" / "small_cnn" / "v0001")
+    assert (artifacts / "models" / "small_cnn" / "v0001" / "saved_model" / "saved_model.pb").is_file()
+    promote = json.loads((run / "promote" / "result.json").read_text())
+    assert promote["promoted"] and analysis["comparison"]["promotable"]
+    assert json.loads((artifacts / "models" / "small_cnn" / "PROMOTED.json").read_text())["version"] == "v0001"
+    assert "promotion.mode is auto: no approval needed" in log
     # the run carries its pool: every stage and rank read the copy the spec in the run names
     assert json.loads((run / "spec.json").read_text())["pool"] == str(run / "pool.json")
     assert json.loads((run / "pool.json").read_text()) == yaml.safe_load((ROOT / "examples" / "pool-local.yaml").read_text())
@@ -171,10 +180,14 @@ def test_pipeline_runs_end_to_end_on_kubernetes(k8s_run, local_run, test_cluster
     assert json.dumps(train, sort_keys=True) in log  # the task log has rank 0's result line
     # kubernetes.deferrable (the default): every stage pod's wait and the gang's ran in a trigger,
     # which `airflow dags test` runs in line; the gang's trigger decided through HorovodGang.poll
-    assert log.count("[DAG TEST] running trigger in line") == 5, log[-8000:]
+    assert log.count("[DAG TEST] running trigger in line") == 7, log[-8000:]
     assert "Checking pod 'preload-" in log and "All 2 ranks succeeded" in log
     analysis = json.loads((run / "analyze" / "result.json").read_text())
     assert analysis["report"] == f"{pod_run}/analyze/report.html" and (run / "analyze" / "report.html").is_file()
+    # publish and promote ran as stage pods against the store on the shared volume
+    publish = json.loads((run / "publish" / "result.json").read_text())
+    assert publish["uri"] == "/mnt/artifacts/models/small_cnn/v0001"
+    assert json.loads((run / "promote" / "result.json").read_text())["promoted"]
     local_artifacts, _ = local_run
     local = json.loads(next((local_artifacts / "train_pipeline").glob("*/analyze/result.json")).read_text())
     print(f"held-out accuracy: kubernetes {analysis['holdout_accuracy']:.3f}, local {local['holdout_accuracy']:.3f}")
