@@ -131,7 +131,7 @@ def one_combo(work: Path, preload: dict, combo: tuple, epochs: int) -> dict:
         **{f"{n}_vs_grid_best": r["loss"] / best for n, r in refs.items()},
         "search_s": search_s, "grid_train_s": sum(g["seconds"] for g in grid if math.isfinite(g["seconds"])),
         "sweep_steps": found["steps"], "stopped": found["stopped"], "rows": found["rows"]["note"],
-        "grid": grid,
+        "min_loss_lr": found.get("min_loss_lr"), "candidates": found.get("candidates"), "grid": grid,
     }
     row["cost_vs_grid"] = row["search_s"] / row["grid_train_s"]
     print(f"{tag:20s} chosen {row['chosen_lr']:.3g} loss x{row['loss_vs_grid_best']:.3f} of grid best "

@@ -13,7 +13,7 @@ import logging
 import sys
 import time
 
-from pipelines.errors import StageError
+from pipelines.errors import EXIT_BAD_INPUT, EXIT_FAILED, StageError, StageFailure
 from pipelines.launch.lifetime import die_with_parent
 from pipelines.rundir import RunDir, write_json
 from pipelines.spec import JobSpec, SpecError, load_pool, load_spec, pool_profiles_path, read_mapping
@@ -135,9 +135,12 @@ def main(argv: list[str] | None = None) -> int:
             result = render_cli(args)
         else:
             result = run_stage(args)
-    except (SpecError, StageError, FileNotFoundError, ValueError) as e:
+    except StageFailure as e:  # a retry may succeed
         print(f"ERROR: {e}", file=sys.stderr, flush=True)
-        return 2
+        return EXIT_FAILED
+    except (SpecError, StageError, FileNotFoundError, ValueError) as e:  # a retry would fail the same way
+        print(f"ERROR: {e}", file=sys.stderr, flush=True)
+        return EXIT_BAD_INPUT
     print(json.dumps(result, sort_keys=True, default=str), flush=True)
     return 0
 

@@ -36,3 +36,62 @@ def die_with_parent(environ: Mapping[str, str] = os.environ) -> bool:
     if os.getppid() != int(parent):  # the parent died before we asked: go as if told to
         os.kill(os.getpid(), signal.SIGTERM)
     return asked
+
+
+# Which try of which run's stage a rank belongs to: set by pipelines.launch.local.launch_plan.
+ENV_RUN, ENV_TRY, ENV_STAGE = "HETERO_RUN", "HETERO_TRY", "HETERO_STAGE"
+
+
+def try_env(run: str, try_number: int, stage: str) -> dict[str, str]:
+    return {ENV_RUN: run, ENV_TRY: str(try_number), ENV_STAGE: stage}
+
+
+def _environ(pid: int) -> dict[str, str]:
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            raw = f.read()
+    except OSError:  # gone, or not ours to read
+        return {}
+    pairs = (item.split(b"=", 1) for item in raw.split(b"\0") if b"=" in item)
+    return {k.decode(errors="replace"): v.decode(errors="replace") for k, v in pairs}
+
+
+def earlier_tries(run: str, try_number: int, stage: str, proc: str = "/proc") -> list[int]:
+    """Pids of live processes of an earlier try of the same run's stage (their ``HETERO_RUN``,
+    ``HETERO_STAGE`` match and ``HETERO_TRY`` is lower)."""
+    found = []
+    for name in os.listdir(proc) if os.path.isdir(proc) else []:
+        if not name.isdigit() or int(name) == os.getpid():
+            continue
+        env = _environ(int(name))
+        if env.get(ENV_RUN) == run and env.get(ENV_STAGE) == stage and env.get(ENV_TRY, "").isdigit() \
+                and int(env[ENV_TRY]) < try_number:
+            found.append(int(name))
+    return sorted(found)
+
+
+def stop_earlier_tries(run: str, try_number: int, stage: str, wait_s: float = 10.0) -> list[int]:
+    """Before a retry starts ranks: SIGKILL any rank of an earlier try of the same run's stage
+    that is still alive (it would share the cores and write into the same run directory), and
+    wait until they are gone; returns their pids."""
+    import time
+
+    pids = earlier_tries(run, try_number, stage)
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    deadline = time.monotonic() + wait_s
+    while pids and time.monotonic() < deadline and any(os.path.exists(f"/proc/{p}") and _alive(p) for p in pids):
+        time.sleep(0.05)
+    return pids
+
+
+def _alive(pid: int) -> bool:
+    """False for a zombie (killed, not yet reaped by its parent) or a vanished process."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False

@@ -29,7 +29,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 from pipelines.launch.cgroups import PERIOD_US, CpuLimiter, threads_for
-from pipelines.launch.lifetime import child_env, die_with_parent
+from pipelines.launch.lifetime import child_env, die_with_parent, stop_earlier_tries, try_env
 from pipelines.launch.rendezvous import (
     ENV_DEVICE,
     ENV_SHARE,
@@ -80,13 +80,36 @@ def profiles_from_pool(pool_path: str, names: Sequence[str]) -> list[Profile]:
 def launch_plan(stage: str, spec, run_dir, ctx, plan: dict) -> LaunchResult:
     """The plan's ranks running ``stage``'s rank program (``pipelines.stages.rank_command``) on
     this machine, each with its device type's profile from the spec's pool; the cgroups are named
-    after the run, the task try and the stage."""
+    after the run, the task try and the stage.  A rank of an earlier try of the same run's stage
+    that is still alive is stopped first (``pipelines.launch.lifetime.stop_earlier_tries``)."""
     from pipelines.stages import rank_command
 
     profiles = profiles_from_pool(spec.pool, [r["device"] for r in plan["ranks"]])
     job = f"{ctx.dag_id}-{ctx.run_id}-{ctx.try_number}-{stage}"[-64:]
+    run = f"{ctx.dag_id}/{ctx.run_id}"
+    if killed := stop_earlier_tries(run, ctx.try_number, stage):
+        log.warning("stopped %d process(es) of an earlier try of %s %s still running: %s", len(killed), run, stage, killed)
     command = rank_command(str(run_dir), sys.executable, fresh=ctx.fresh, stage=stage)
-    return launch(command, profiles, job="".join(c if c.isalnum() or c in "-_" else "_" for c in job))
+    env = {**os.environ, **try_env(run, ctx.try_number, stage)}
+    return launch(command, profiles, job="".join(c if c.isalnum() or c in "-_" else "_" for c in job), env=env)
+
+
+def raise_for_ranks(stage: str, result: LaunchResult) -> None:
+    """Nothing when every rank succeeded; otherwise the stage's error by the failed rank's exit
+    code: bad input (2) or a diverged loss (4) as :class:`StageError` (the stage exits 2: no
+    retry), anything else (a crash, a signal, a time limit) as :class:`StageFailure` (exit 3:
+    retried) (docs/ARCHITECTURE.md, "Failure rules")."""
+    from pipelines.errors import EXIT_DIVERGED, NO_RETRY, StageError, StageFailure
+
+    if result.returncode == 0:
+        return
+    tail = "\n".join((result.tails.get(result.failed_rank) or [])[-10:]) if result.failed_rank is not None else ""
+    message = f"{stage}: {result.message}" + (f"; its last lines:\n{tail}" if tail else "")
+    if result.returncode == EXIT_DIVERGED:
+        raise StageError(f"{message}\nthe loss diverged: a retry would diverge again at the same step; lower training.learning_rate")
+    if result.returncode in NO_RETRY:
+        raise StageError(message)
+    raise StageFailure(message)
 
 
 def rank_env(rank: int, size: int, port: int, profile: Profile, base: dict[str, str] | None = None) -> dict[str, str]:

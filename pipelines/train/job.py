@@ -19,7 +19,13 @@ NO_CAP = 1 << 30  # a rank's memory cap when the plan gives none
 
 
 class TrainingError(RuntimeError):
-    """Training cannot continue (NaN loss, bad plan); every rank stops with a non-zero exit."""
+    """Training cannot start or continue with these inputs (bad plan, missing rate, a promoted
+    model of another architecture); every rank stops with exit code 2 (no retry)."""
+
+
+class DivergedError(TrainingError):
+    """The loss became NaN or infinite; every rank stops with exit code 4: a retry would resume
+    from the last checkpoint and diverge again at the same step (same data, same rate)."""
 
 
 @dataclass
@@ -90,7 +96,7 @@ def read_plan(plan: str | None, run_dir: RunDir) -> dict | None:
             return None
     try:
         return load_plan(path)
-    except SpecError as e:  # a missing or unreadable plan stops every rank with exit code 3
+    except SpecError as e:  # a missing or unreadable plan stops every rank with exit code 2
         raise TrainingError(str(e)) from None
 
 

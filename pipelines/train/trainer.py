@@ -27,7 +27,8 @@ import os
 import sys
 import time
 
-from pipelines.train.job import TrainingError
+from pipelines.errors import EXIT_BAD_INPUT, EXIT_DIVERGED
+from pipelines.train.job import DivergedError, TrainingError
 
 log = logging.getLogger("pipelines.train")
 
@@ -91,7 +92,7 @@ def main(argv: list[str] | None = None) -> int:
         key = result_key(args)
     except TrainingError as e:
         log.error("%s", e)
-        return 3
+        return EXIT_BAD_INPUT
     done = None if args.fresh else completed(out_dir(args), key)
     if done is not None:
         log.info("already trained for these inputs (input key %s); returning the stored result", key)
@@ -101,9 +102,12 @@ def main(argv: list[str] | None = None) -> int:
     with horovod_job() as hvd:
         try:
             result = Trainer(args, hvd, key).fit()
+        except DivergedError as e:
+            log.error("%s; lower training.learning_rate (or let lr_search choose it)", e)
+            return EXIT_DIVERGED
         except TrainingError as e:
             log.error("%s", e)
-            return 3
+            return EXIT_BAD_INPUT
     if rank == "0":
         print_result(result)
     return 0
@@ -207,7 +211,7 @@ class Trainer:
             reduced = stats.numpy()
             if not math.isfinite(float(reduced[0])):
                 # Every rank sees the same reduced loss, so all stop at the same step.
-                raise TrainingError(
+                raise DivergedError(
                     f"loss is {reduced[0]} at step {step} (epoch {epoch}); stopping every rank, "
                     f"last good checkpoint: {ckpt.discard_from(step, delete=rank == 0)}"
                 )

@@ -10,12 +10,32 @@ and killing the task stops everything the stage started.
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
 from airflow.sdk import BaseOperator
 
 from hetero.links import LINKS, stage_links
 from hetero.stage_runner import LocalStage, stage_context, validate_params
+
+
+@contextlib.contextmanager
+def no_retry_for_bad_ranks():
+    """A rank pod that exited 2 (bad input) or 4 (diverged loss) fails the task without retries:
+    the next try would meet the same input, or resume into the same NaN (docs/ARCHITECTURE.md,
+    "Failure rules")."""
+    from airflow.sdk.exceptions import AirflowFailException
+
+    from pipelines.errors import NO_RETRY
+
+    try:
+        yield
+    except AirflowFailException:
+        raise
+    except Exception as e:
+        if getattr(e, "exit_code", None) in NO_RETRY:
+            raise AirflowFailException(f"{e}\n(not retried: exit code {e.exit_code})") from e
+        raise
 
 
 class PipelineStageOperator(BaseOperator):
@@ -63,7 +83,8 @@ class PipelineStageOperator(BaseOperator):
             self._delegate = StagePodOperator(
                 task_id=self.task_id, stage=self.stage, spec_json=spec.to_json(), deferrable=spec.kubernetes.deferrable
             )
-        return self.finish(context, spec, self._delegate.execute(context))
+        with no_retry_for_bad_ranks():
+            return self.finish(context, spec, self._delegate.execute(context))
 
     def execute_complete(self, context, event: dict) -> dict:
         """Resume after the deferred wait (``kubernetes.deferrable``): the train gang's
@@ -80,7 +101,8 @@ class PipelineStageOperator(BaseOperator):
 
             self._delegate = StagePodOperator(task_id=self.task_id, stage=self.stage, spec_json=spec.to_json(),
                                               deferrable=True)
-        return self.finish(context, spec, self._delegate.execute_complete(context, event))
+        with no_retry_for_bad_ranks():
+            return self.finish(context, spec, self._delegate.execute_complete(context, event))
 
     def finish(self, context, spec, result: dict) -> dict:
         """The task's extra links from its result and, for the publish task, the new version in

@@ -56,5 +56,9 @@ def job_params() -> dict:
     for name, prop in schema["properties"].items():
         prop = for_the_form(prop, name)
         kwargs = {k: v for k, v in prop.items() if k in _SCHEMA_KEYS}
+        if defaults.get(name) in ([], "") and isinstance(kwargs.get("type"), str):
+            # The form marks a field required unless its type admits null; an empty default
+            # (allowed_roots, model_store) may be left empty, and None means the spec's default.
+            kwargs["type"] = [kwargs["type"], "null"]
         params[name] = Param(defaults.get(name), description=prop.get("description", name), title=name, **kwargs)
     return params

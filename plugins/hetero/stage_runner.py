@@ -16,8 +16,9 @@ import subprocess
 from collections.abc import Sequence
 from pathlib import Path
 
-from airflow.sdk.exceptions import AirflowException
+from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
+from pipelines.errors import EXIT_BAD_INPUT
 from pipelines.launch.lifetime import child_env
 from pipelines.rundir import RunDir
 from pipelines.spec import JobSpec, SpecError, load_spec
@@ -123,7 +124,10 @@ class LocalStage:
             self.kill()
         if code != 0:
             detail = "\n".join(errors or list(tail)[-15:])
-            raise StageProcessError(f"stage {self.stage!r} failed with exit code {code}:\n{detail}")
+            message = f"stage {self.stage!r} failed with exit code {code}:\n{detail}"
+            if code == EXIT_BAD_INPUT:  # bad input or a diverged loss: a retry would fail the same way
+                raise AirflowFailException(message + "\n(not retried: fix the input)")
+            raise StageProcessError(message)
         return stage_result(tail, self.stage, "the output")
 
     def kill(self) -> None:

@@ -139,6 +139,26 @@ def test_a_scheduled_run_covers_one_whole_interval(monkeypatch, schedule, start,
     assert dag.max_active_runs == 1
 
 
+def test_fields_with_empty_defaults_are_not_marked_required_in_the_form():
+    """Airflow's form marks a field required unless its type admits null: allowed_roots ([]) and
+    model_store ("") may be left empty; left empty (None) they mean the spec's default."""
+    from airflow.sdk import ParamsDict
+
+    from hetero.params import job_params
+    from hetero.stage_runner import validate_params
+
+    params = job_params()
+    for name in ("allowed_roots", "model_store"):
+        assert "null" in params[name].schema["type"], name
+    for name in ("dataset", "launcher", "artifact_root"):
+        assert "null" not in str(params[name].schema.get("type")), name
+    form = ParamsDict(params)
+    form["allowed_roots"] = None
+    form["model_store"] = None
+    spec = validate_params(form.validate())
+    assert spec.allowed_roots == [] and spec.model_store == "" and spec.model_store_uri().endswith("models")
+
+
 def test_the_schedule_comes_from_the_environment_time_data_or_both(monkeypatch):
     from airflow.sdk import Asset, AssetOrTimeSchedule, CronDataIntervalTimetable
 

@@ -316,6 +316,32 @@ def test_the_lr_search_task_starts_a_gang_only_when_there_is_a_rate_to_search(mo
     assert started == [("gang" if gang else "pod", "lr_search")]
 
 
+@pytest.mark.parametrize(("exit_code", "retried"), [(3, True), (137, True), (2, False), (4, False)])
+def test_a_rank_pod_with_bad_input_or_a_diverged_loss_fails_the_task_without_retries(monkeypatch, spec_doc, exit_code, retried):
+    from airflow.sdk.exceptions import AirflowFailException
+
+    from hetero.kubernetes_job import RankPodFailed
+    from hetero.operators import PipelineStageOperator
+
+    def fail(self, ctx):
+        raise RankPodFailed(f"rank 1 (pod p-1) failed with exit code {exit_code}", rank=1, pod_name="p-1",
+                            exit_code=exit_code, log_tail=["loss is nan at step 7"])
+
+    monkeypatch.setattr(HorovodJobOperator, "execute", fail)
+    context = make_context(task_id="train")
+    context["params"] = spec_doc
+    context["ti"].xcom_pull = lambda task_ids: {"plan": None}
+    op = PipelineStageOperator(task_id="train", stage="train")
+    if retried:  # a crash or a kill: Airflow retries the task
+        with pytest.raises(RankPodFailed) as failed:
+            op.execute(context)
+        assert not isinstance(failed.value, AirflowFailException)
+    else:  # the next try would meet the same input, or resume into the same NaN
+        with pytest.raises(AirflowFailException, match=f"not retried: exit code {exit_code}") as failed:
+            op.execute(context)
+        assert isinstance(failed.value.__cause__, RankPodFailed)
+
+
 def test_the_pod_template_file_is_merged_under_the_pods(tmp_path, spec_doc, mixed_plan):
     template = {
         "apiVersion": "v1",

@@ -40,7 +40,7 @@ def rendered(spec_doc, mixed_plan) -> dict[str, dict]:
 def test_every_manifest_validates_against_the_kubernetes_schema(rendered, spec_doc):
     local = dict(spec_doc, pool=LOCAL_POOL, training={"global_batch": "auto"})
     manifests = list(rendered.values()) + list(render_job(local).values())
-    assert len(manifests) == (1 + 3 + 4 + 3) + (1 + 2 + 4 + 2)  # Service, ranks, stage pods, calibration pods
+    assert len(manifests) == (1 + 3 + 6 + 3) + (1 + 2 + 6 + 2)  # Service, ranks, stage pods, calibration pods
     for manifest in manifests:
         kubernetes_validate.validate(manifest, K8S_VERSION, strict=True)
 
@@ -54,7 +54,7 @@ def test_schema_validation_catches_a_broken_manifest(rendered):
 
 def test_every_pod_meets_the_restricted_pod_security_standard(rendered):
     pods = [m for m in rendered.values() if m["kind"] == "Pod"]
-    assert len(pods) == 3 + 4 + 3
+    assert len(pods) == 3 + 6 + 3
     for pod in pods:
         assert restricted_violations(pod) == [], pod["metadata"]["name"]
         sc = pod["spec"]["containers"][0]["securityContext"]
@@ -296,8 +296,8 @@ def test_render_cli_writes_yaml_without_a_cluster(tmp_path, spec_doc, mixed_plan
     assert main([*argv, "--out", str(out), "--run-id", RUN_ID]) == 0
     result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     names = sorted(p.name for p in out.iterdir())
-    assert result["count"] == len(names) == 11
-    assert "rank-2.yaml" in names and "stage-lr_search.yaml" in names
+    assert result["count"] == len(names) == 13
+    assert "rank-2.yaml" in names and {"stage-lr_search.yaml", "stage-publish.yaml", "stage-promote.yaml"} <= set(names)
     pod = yaml.safe_load((out / "rank-1.yaml").read_text())
     assert pod["metadata"]["annotations"]["hetero.io/run-id"] == RUN_ID
     kubernetes_validate.validate(pod, K8S_VERSION, strict=True)

@@ -146,10 +146,17 @@ def test_the_dag_task_runs_the_same_command_on_either_launcher(monkeypatch, tmp_
 
 
 def test_a_local_stage_that_fails_quotes_its_error_lines(tmp_path, spec_doc):
+    """Exit 2 is bad input: the task fails without retries; any other failure is retried."""
+    from airflow.sdk.exceptions import AirflowFailException
+
     python = fake_python(tmp_path, 'print("working")\nprint("ERROR: dataset.uri missing")\nsys.exit(2)')
     ctx = stage_context(make_context(), False)
-    with pytest.raises(StageProcessError, match=r"exit code 2:\nERROR: dataset.uri missing"):
+    with pytest.raises(AirflowFailException, match=r"exit code 2:\nERROR: dataset.uri missing\n\(not retried"):
         LocalStage("preload", load_spec(spec_doc), ctx, python=python).run()
+    python = fake_python(tmp_path, 'print("ERROR: rank 1 exited with code -9")\nsys.exit(3)')
+    with pytest.raises(StageProcessError, match=r"exit code 3:\nERROR: rank 1 exited with code -9") as failed:
+        LocalStage("preload", load_spec(spec_doc), ctx, python=python).run()
+    assert not isinstance(failed.value, AirflowFailException)
     python = fake_python(tmp_path, 'print("no result")')
     with pytest.raises(StageProcessError, match=r"no JSON result line; last lines:\nno result"):
         LocalStage("preload", load_spec(spec_doc), ctx, python=python).run()

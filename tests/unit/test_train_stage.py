@@ -44,7 +44,7 @@ def fake_launch(calls: list, returncode: int = 0):
             out = Path(trainer.out_dir(args))
             write_json(out / "summary.json", summary)
             write_json(out / "result.json", stage_result(summary, trainer.result_key(args), RunDir(args.run_dir)))
-        return local.LaunchResult(returncode, 1 if returncode else None, {}, 1.5, True, "rank 1 exited 3" if returncode else "")
+        return local.LaunchResult(returncode, 1 if returncode else None, {}, 1.5, True, f"rank 1 exited {returncode}" if returncode else "")
 
     return launch
 
@@ -97,7 +97,18 @@ def test_ranks_that_leave_no_result_for_these_inputs_fail_the_stage(run_dir, mon
         stage.run(save_spec(run_dir), run_dir, StageContext())
 
 
-def test_a_failed_rank_fails_the_stage_with_the_launchers_message(run_dir, monkeypatch):
-    monkeypatch.setattr(local, "launch", fake_launch([], returncode=3))
-    with pytest.raises(StageError, match="training failed: rank 1 exited 3"):
+@pytest.mark.parametrize(("code", "retried"), [(1, True), (-9, True), (3, True), (2, False), (4, False)])
+def test_a_failed_rank_fails_the_stage_retryably_unless_its_input_is_bad(run_dir, monkeypatch, code, retried):
+    """A crash or a kill is retried (StageFailure: the CLI exits 3); bad input (2) or a diverged
+    loss (4) would fail the same way again (StageError: exit 2, the task is not retried)."""
+    from pipelines.__main__ import main
+    from pipelines.errors import StageFailure
+
+    monkeypatch.setattr(local, "launch", fake_launch([], returncode=code))
+    with pytest.raises(StageError, match=f"training: rank 1 exited {code}") as failed:
         stage.run(save_spec(run_dir), run_dir, StageContext())
+    assert isinstance(failed.value, StageFailure) == retried
+    assert ("diverge again" in str(failed.value)) == (code == 4)
+    spec = save_spec(run_dir)
+    argv = ["train", "--spec", spec.to_json(), "--run-dir", str(run_dir.root)]
+    assert main(argv) == (3 if retried else 2)

@@ -92,3 +92,27 @@ def test_without_a_parent_to_follow_nothing_changes_and_an_orphan_exits_at_once(
     code = "from pipelines.launch.lifetime import die_with_parent; die_with_parent(); print('still running')"
     done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
     assert done.returncode == -signal.SIGTERM and "still running" not in done.stdout
+
+
+def test_a_retry_stops_the_ranks_of_an_earlier_try_still_running(tmp_path):
+    """Ranks of try 1 that outlived their task (started without a parent to follow) are stopped
+    before try 2 starts its own; other runs, other stages and the current try are left alone."""
+    from pipelines.launch.lifetime import earlier_tries, stop_earlier_tries, try_env
+
+    def start(run, try_number, stage):
+        env = {**os.environ, **try_env(run, try_number, stage)}
+        return subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], env=env)
+
+    old = [start("dag/run-1", 1, "train") for _ in range(2)]
+    keep = [start("dag/run-1", 2, "train"), start("dag/run-1", 1, "lr_search"), start("dag/run-2", 1, "train")]
+    try:
+        time.sleep(0.3)  # their environments are readable once they have started
+        assert earlier_tries("dag/run-1", 2, "train") == sorted(p.pid for p in old)
+        assert stop_earlier_tries("dag/run-1", 2, "train") == sorted(p.pid for p in old)
+        assert [p.wait(timeout=10) for p in old] == [-9, -9]
+        assert all(p.poll() is None for p in keep)
+        assert earlier_tries("dag/run-1", 2, "train") == []
+    finally:
+        for p in old + keep:
+            p.kill()
+            p.wait()
