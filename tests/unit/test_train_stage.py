@@ -36,7 +36,7 @@ def fake_launch(calls: list, returncode: int = 0):
     a finished job, writes ``train/summary.json`` and then ``train/result.json`` under the key the
     trainer computes from its own command line (pipelines.train.trainer.result_key)."""
 
-    def launch(command, profiles, job):
+    def launch(command, profiles, job, env=None):
         calls.append((command, profiles, job))
         args = trainer.parse_args(command[command.index("pipelines.train.trainer") + 1 :])
         if returncode == 0:
@@ -88,7 +88,7 @@ def test_a_completed_result_is_returned_without_training_again(run_dir, monkeypa
 
 
 def test_ranks_that_leave_no_result_for_these_inputs_fail_the_stage(run_dir, monkeypatch):
-    def launch(command, profiles, job):
+    def launch(command, profiles, job, env=None):
         write_json(run_dir.root / "train" / "result.json", {"input_key": "another run's", "steps": 3})
         return local.LaunchResult(0, None, {}, 1.0, True, "")
 
