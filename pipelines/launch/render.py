@@ -1,9 +1,11 @@
 """``python -m pipelines render``: write every manifest a job would create, without a cluster.
 
 Output (one YAML document per file): ``service.yaml`` (the rendezvous Service), ``rank-<r>.yaml``
-(one pod per rank of the plan), ``stage-<stage>.yaml`` (preload, estimate, lr_search and analyze
-pods, which carry the pool and its profiles inline, as the operators' pods do) and
-``calibration-<device>.yaml`` (the estimate task's calibration pods).  Pods are named and
+(one pod per rank of the plan), ``stage-<stage>.yaml`` (the pods of the stages that run as one
+pod, which carry the pool and its profiles inline, as the operators' pods do),
+``calibration-<device>.yaml`` (the estimate task's calibration pods) and, with
+``training.learning_rate: auto``, ``lr_search-service.yaml`` and ``lr_search-rank-<r>.yaml`` (the
+range test's gang, in place of a stage pod).  Pods are named and
 labelled as the Airflow operators would for ``--dag-id``/``--run-id``, try 1.
 """
 
@@ -43,7 +45,16 @@ def render_job(
     out["service.yaml"] = job["service"]
     for pod in job["pods"]:
         out[f"rank-{pod['metadata']['labels']['rank']}.yaml"] = pod
+    searched = spec.training.learning_rate == "auto"
+    if searched:  # the range test runs as the plan's rank pods, like training
+        search = k8s.job_manifests(spec, pool, plan, k8s.Identity(dag_id=dag_id, run_id=run_id, task_id="lr_search"),
+                                   stage="lr_search")
+        out["lr_search-service.yaml"] = search["service"]
+        for pod in search["pods"]:
+            out[f"lr_search-rank-{pod['metadata']['labels']['rank']}.yaml"] = pod
     for stage in k8s.POD_STAGES:
+        if stage == "lr_search" and searched:
+            continue
         ident = k8s.Identity(dag_id=dag_id, run_id=run_id, task_id=stage)  # task id == stage name
         ctx = StageContext(dag_id=dag_id, run_id=run_id, try_number=1)
         out[f"stage-{stage}.yaml"] = k8s.stage_pod_manifest(spec, stage, ident, ctx=ctx, inputs=inputs)

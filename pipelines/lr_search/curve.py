@@ -23,10 +23,10 @@ from typing import Any, NamedTuple
 from pipelines.errors import StageError
 
 MIN_POINTS = 10
-RULE_VERSION = 2  # part of the result's input key: a new rule searches again
+RULE_VERSION = 3  # part of the result's input key: a new rule searches again
 CANDIDATE_FACTORS = (0.5, 1.0, 2.0)  # times the min-loss rate: the rates the confirmation compares
-TRIAL_FRACTION = 0.08  # a confirmation run is this fraction of the training's steps ...
-TRIAL_STEPS = (32, 64)  # ... within these bounds
+TRIAL_FRACTION = 0.2  # a confirmation run is this fraction of the training's steps ...
+TRIAL_STEPS = (32, 160)  # ... within these bounds
 SAFETY_DIVISOR = 3.0
 REBOUND_FRACTION = 0.75  # the fit stops where the loss has climbed back this far
 START_FRACTION = 0.10  # the descent starts where the fit is this far down from the plateau

@@ -40,7 +40,8 @@ def rendered(spec_doc, mixed_plan) -> dict[str, dict]:
 def test_every_manifest_validates_against_the_kubernetes_schema(rendered, spec_doc):
     local = dict(spec_doc, pool=LOCAL_POOL, training={"global_batch": "auto"})
     manifests = list(rendered.values()) + list(render_job(local).values())
-    assert len(manifests) == (1 + 3 + 6 + 3) + (1 + 2 + 6 + 2)  # Service, ranks, stage pods, calibration pods
+    # Service, ranks, stage pods, calibration pods, and the range test's Service and rank pods
+    assert len(manifests) == (1 + 3 + 5 + 3 + 1 + 3) + (1 + 2 + 5 + 2 + 1 + 2)
     for manifest in manifests:
         kubernetes_validate.validate(manifest, K8S_VERSION, strict=True)
 
@@ -54,7 +55,7 @@ def test_schema_validation_catches_a_broken_manifest(rendered):
 
 def test_every_pod_meets_the_restricted_pod_security_standard(rendered):
     pods = [m for m in rendered.values() if m["kind"] == "Pod"]
-    assert len(pods) == 3 + 6 + 3
+    assert len(pods) == 3 + 5 + 3 + 3
     for pod in pods:
         assert restricted_violations(pod) == [], pod["metadata"]["name"]
         sc = pod["spec"]["containers"][0]["securityContext"]
@@ -296,8 +297,13 @@ def test_render_cli_writes_yaml_without_a_cluster(tmp_path, spec_doc, mixed_plan
     assert main([*argv, "--out", str(out), "--run-id", RUN_ID]) == 0
     result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     names = sorted(p.name for p in out.iterdir())
-    assert result["count"] == len(names) == 13
-    assert "rank-2.yaml" in names and {"stage-lr_search.yaml", "stage-publish.yaml", "stage-promote.yaml"} <= set(names)
+    assert result["count"] == len(names) == 16
+    assert "rank-2.yaml" in names and {"stage-publish.yaml", "stage-promote.yaml"} <= set(names)
+    # learning_rate auto: the range test is a gang of the plan's rank pods, not a stage pod
+    assert "stage-lr_search.yaml" not in names and {"lr_search-service.yaml", "lr_search-rank-2.yaml"} <= set(names)
+    search = yaml.safe_load((out / "lr_search-rank-1.yaml").read_text())
+    command = search["spec"]["containers"][0]["command"]
+    assert command[:3] == ["python", "-m", "pipelines.lr_search.ranks"] and search["metadata"]["labels"]["task_id"] == "lr_search"
     pod = yaml.safe_load((out / "rank-1.yaml").read_text())
     assert pod["metadata"]["annotations"]["hetero.io/run-id"] == RUN_ID
     kubernetes_validate.validate(pod, K8S_VERSION, strict=True)

@@ -276,7 +276,7 @@ def test_confirmation_runs_are_a_fraction_of_the_training():
     short = confirmation(T, rows=5426, global_batch=256)  # 42 training steps
     assert short.steps == 32 and short.warmup == 8  # at least 32 steps; a quarter warm-up
     long = confirmation(T, rows=1_000_000, global_batch=64)
-    assert long.steps == 64 and long.warmup == 16
+    assert long.steps == 160 and long.warmup == 40  # a fifth of the training, at most 160 steps
 
 
 def test_reference_rules_on_a_known_curve():
