@@ -36,6 +36,12 @@ MAGIC = b"PAR1"
 MAX_LISTED = 20
 
 
+def raise_listed(header: str, errors: list[str]) -> None:
+    """One :class:`DataError` listing the first ``MAX_LISTED`` problems under ``header``."""
+    more = f"\n  ... and {len(errors) - MAX_LISTED} more" if len(errors) > MAX_LISTED else ""
+    raise DataError(f"{header}:\n  " + "\n  ".join(errors[:MAX_LISTED]) + more)
+
+
 @dataclasses.dataclass(frozen=True)
 class FileInfo:
     """A data file whose footer was read: metadata, arrow schema, and a digest of the footer bytes."""
@@ -98,12 +104,7 @@ def inspect_files(dataset: Dataset, threads: int = 8) -> list[FileInfo]:
         except DataError as e:
             errors.append(str(e))
     if errors:
-        more = f"\n  ... and {len(errors) - MAX_LISTED} more" if len(errors) > MAX_LISTED else ""
-        raise DataError(
-            f"{len(errors)} unusable file(s) in {dataset.uri!r}:\n  "
-            + "\n  ".join(errors[:MAX_LISTED])
-            + more
-        )
+        raise_listed(f"{len(errors)} unusable file(s) in {dataset.uri!r}", errors)
     return infos
 
 
@@ -241,12 +242,7 @@ def check_schema(
         except DataError as e:
             errors.append(str(e))
     if errors:
-        more = f"\n  ... and {len(errors) - MAX_LISTED} more" if len(errors) > MAX_LISTED else ""
-        raise DataError(
-            f"schema drift in {len(errors)} of {len(infos)} file(s):\n  "
-            + "\n  ".join(errors[:MAX_LISTED])
-            + more
-        )
+        raise_listed(f"schema drift in {len(errors)} of {len(infos)} file(s)", errors)
     if sum(i.num_rows for i in infos) == 0:
         names = ", ".join(i.name for i in infos[:5])
         raise DataError(f"the dataset has no rows ({len(infos)} file(s) with 0 rows: {names})")
