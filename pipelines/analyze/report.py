@@ -42,6 +42,7 @@ th{background:#f2f2f2}td.l,th.l{text-align:left}img{max-width:100%}p.missing{col
 
 _RANK_TAG = re.compile(r"^rank(\d+)/(.+)$")
 WEIGHT_PREFIX = "weights/"  # the trainer's weight histograms (pipelines.train.events.weight_tags)
+ACTIVATION_PREFIX = "activations/"  # its activation histograms (pipelines.train.events.EventWriter.activations)
 MAX_WEIGHT_PANELS = 8  # weight variables drawn; the report says how many more there are
 _BANDS = (0.0, 0.25, 0.5, 0.75, 1.0)  # quantiles drawn against step: min, quartiles, median, max
 
@@ -190,7 +191,7 @@ def _spread(steps: Sequence, n: int) -> list:
     return [steps[round(i * (len(steps) - 1) / (n - 1))] for i in range(n)]
 
 
-def _weight_bands(ax, name: str, points: Sequence) -> None:
+def _weight_bands(ax, name: str, points: Sequence, ylabel: str = "weight") -> None:
     """Minimum, quartiles, median and maximum of one variable against step."""
     rows = [(p[0], q) for p in points if (q := _quantiles(p[2], _BANDS)) is not None]
     if rows:
@@ -200,7 +201,7 @@ def _weight_bands(ax, name: str, points: Sequence) -> None:
         ax.fill_between(steps, q1, q3, color="C0", alpha=0.35, label="25% to 75%")
         ax.plot(steps, median, color="C0", marker=".", label="median")
     size = sum(b[2] for b in points[-1][2])
-    ax.set(title=f"{name} ({size:,.0f} values)", xlabel="step", ylabel="weight")
+    ax.set(title=f"{name} ({size:,.0f} values)", xlabel="step", ylabel=ylabel)
     ax.grid(alpha=0.3)
 
 
@@ -254,7 +255,25 @@ def _weights(histograms: dict | None) -> str:
             f"<p>Showing the first {len(shown)} of {len(weights)} weight variables, in the model's "
             "order; TensorBoard's histogram tab has them all.</p>"
         )
-    return text + _img(fig, "weight distributions over training")
+    return text + _img(fig, "weight distributions over training") + _activations(histograms)
+
+
+def _activations(histograms: dict | None) -> str:
+    """How each layer's output on the trainer's fixed batch of rows moves over training."""
+    layers = {t[len(ACTIVATION_PREFIX):]: p for t, p in (histograms or {}).items() if t.startswith(ACTIVATION_PREFIX) and p}
+    if not layers:
+        return "<p>No activation histograms in the event files (a model whose layers cannot be tapped has none).</p>"
+    from matplotlib.figure import Figure
+
+    shown = list(layers.items())[:MAX_WEIGHT_PANELS]
+    fig = Figure(figsize=(11, 2.6 * len(shown)), layout="constrained")
+    axes = fig.subplots(len(shown), 2, squeeze=False, width_ratios=[3, 2])
+    for (name, points), (bands, overlay) in zip(shown, axes, strict=True):
+        _weight_bands(bands, name, points, ylabel="activation")
+        _weight_overlay(overlay, points)
+    more = f" (the first {len(shown)} of {len(layers)} layers)" if len(layers) > len(shown) else ""
+    return (f"<p>Each layer's activations on a fixed batch of training rows, at the same steps{more}.</p>"
+            + _img(fig, "activation distributions over training"))
 
 
 def _rank_series(scalars: dict, name: str) -> dict[int, list]:

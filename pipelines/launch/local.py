@@ -94,6 +94,23 @@ def launch_plan(stage: str, spec, run_dir, ctx, plan: dict) -> LaunchResult:
     return launch(command, profiles, job="".join(c if c.isalnum() or c in "-_" else "_" for c in job), env=env)
 
 
+def run_stage_ranks(stage: str, what: str, spec, run_dir, ctx, plan: dict, stored, where) -> dict:
+    """A rank stage's local path (train, lr_search): start the plan's ranks (:func:`launch_plan`),
+    map a failure to the stage's error (:func:`raise_for_ranks`), and return rank 0's stored
+    result (``stored()``, None when it left none for these inputs at ``where``) with what the
+    launcher knows added: ``quota_enforced`` and ``launcher_seconds``."""
+    from pipelines.errors import StageError, StageFailure
+
+    if spec.launcher != "local":
+        raise StageError(f"the {stage} stage runs ranks locally; with launcher=kubernetes the HorovodJobOperator starts the pods")
+    result = launch_plan(stage, spec, run_dir, ctx, plan)
+    raise_for_ranks(what, result)
+    done = stored()
+    if done is None:
+        raise StageFailure(f"{what} ended but rank 0 left no result for these inputs in {where}")
+    return {**done, "quota_enforced": result.quota_enforced, "launcher_seconds": result.seconds}
+
+
 def raise_for_ranks(stage: str, result: LaunchResult) -> None:
     """Nothing when every rank succeeded; otherwise the stage's error by the failed rank's exit
     code: bad input (2) or a diverged loss (4) as :class:`StageError` (the stage exits 2: no

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import logging
 
-from pipelines.errors import StageError, StageFailure
 from pipelines.lr_search.ranks import test_settings
 from pipelines.lr_search.result import STAGE, completed, fixed_result, search_key
 from pipelines.plan import run_plan
@@ -40,13 +39,7 @@ def run(spec: JobSpec, run_dir: RunDir, ctx: StageContext) -> dict:
     if not ctx.fresh and (done := completed(run_dir, key)) is not None:
         log.info("lr_search: reusing the completed result for the same inputs")
         return done
-    if spec.launcher != "local":
-        raise StageError("the lr_search stage runs ranks locally; with launcher=kubernetes the HorovodJobOperator starts the pods")
-    from pipelines.launch.local import launch_plan, raise_for_ranks
+    from pipelines.launch.local import run_stage_ranks
 
-    result = launch_plan(STAGE, spec, run_dir, ctx, plan)
-    raise_for_ranks("the range test", result)
-    done = completed(run_dir, key)
-    if done is None:
-        raise StageFailure(f"the range test ended but rank 0 left no result for these inputs in {run_dir.result_path(STAGE)}")
-    return {**done, "quota_enforced": result.quota_enforced, "launcher_seconds": result.seconds}
+    return run_stage_ranks(STAGE, "the range test", spec, run_dir, ctx, plan, lambda: completed(run_dir, key),
+                           run_dir.result_path(STAGE))

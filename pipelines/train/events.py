@@ -1,5 +1,6 @@
 """TensorBoard events of a training run under ``<out>/events``: scalars once per window, and a
-histogram of each trainable weight at the first step and at each checkpoint save.
+histogram of each trainable weight and of each layer's activations (on a fixed batch of rows) at
+the first step and at each checkpoint save.
 
 Rank 0 alone writes events; each scalar point shows the whole job, every rank's figures included.
 ``pipelines.analyze.events`` reads both back without TensorFlow.
@@ -7,7 +8,11 @@ Rank 0 alone writes events; each scalar point shows the whole job, every rank's 
 
 from __future__ import annotations
 
+import logging
 import os
+
+log = logging.getLogger("pipelines.train")
+ACTIVATION_ROWS = 256  # the fixed batch whose activations are recorded
 
 
 def weight_tags(variables) -> list[tuple[str, object]]:
@@ -35,6 +40,7 @@ class EventWriter:
 
         self.tf, self.size = tf, size
         self.writer = tf.summary.create_file_writer(str(directory))
+        self._probes: dict[int, object] = {}  # per model: a model returning every layer's output
 
     def write(self, step: int, r: dict) -> None:
         tf = self.tf
@@ -61,6 +67,30 @@ class EventWriter:
             for tag, v in weight_tags(variables):
                 tf.summary.histogram(tag, v)
         self.writer.flush()
+
+    def activations(self, step: int, model, x) -> None:
+        """One ``tf.summary.histogram`` per layer of each layer's output on ``x`` (a fixed batch
+        of normalised rows), tagged ``activations/<layer>``, then a flush.  A model whose layer
+        outputs cannot be tapped (a subclassed model without a functional graph) gets none."""
+        probe = self._probe(model) if x is not None else None
+        if probe is None:
+            return
+        tf = self.tf
+        outputs = probe(x, training=False)
+        outputs = outputs if isinstance(outputs, list | tuple) else [outputs]
+        with self.writer.as_default(step=step):
+            for layer, out in zip(model.layers, outputs, strict=True):
+                tf.summary.histogram(f"activations/{layer.name}", out)
+        self.writer.flush()
+
+    def _probe(self, model):
+        if id(model) not in self._probes:
+            try:
+                self._probes[id(model)] = self.tf.keras.Model(model.inputs, [layer.output for layer in model.layers])
+            except (AttributeError, ValueError, TypeError) as e:
+                log.warning("no activation histograms: the model's layer outputs cannot be tapped (%s)", e)
+                self._probes[id(model)] = None
+        return self._probes[id(model)]
 
     def flush(self) -> None:
         self.writer.flush()

@@ -113,6 +113,17 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def activation_batch(job):
+    """The first rows of the training split, normalised as the step normalises them: the fixed
+    batch whose layer activations rank 0 records at checkpoints."""
+    import numpy as np
+
+    from pipelines.train.events import ACTIVATION_ROWS
+
+    idx = np.arange(min(ACTIVATION_ROWS, len(job.y)))
+    return ((job.x[idx].reshape((-1, *job.shape)) - job.mean) / job.std).astype(np.float32)
+
+
 class Trainer:
     """One rank of the job: its data, model, optimizer, compiled step and checkpoints."""
 
@@ -145,6 +156,7 @@ class Trainer:
         self.last: tuple[float, float] = (math.nan, math.nan)  # loss and accuracy of the last step
         self.warm_started_from: str | None = None  # the model store version training started from
         self.events = None  # rank 0's EventWriter (set by fit); None on the other ranks
+        self.probe = None  # rank 0: the fixed rows whose activations the events record
 
     def fit(self) -> dict:
         """Resume or calibrate; train window by window to the last epoch; save, export, summarise.
@@ -169,7 +181,9 @@ class Trainer:
         inputs = RankInput(job.x, job.y, job.shape)  # one prefetching pipeline for the run
         step, done = int(ckpt.step.numpy()), False
         if events is not None:  # the weights before training (or at the checkpoint resumed from)
+            self.probe = activation_batch(job)
             events.histograms(step, self.model.trainable_variables)
+            events.activations(step, self.model, self.probe)
         try:
             for epoch in range(int(ckpt.epoch.numpy()), job.epochs):
                 order, pos = epoch_permutation(n, t.seed, epoch), int(ckpt.pos.numpy())
@@ -294,6 +308,7 @@ class Trainer:
         self.checkpoints.save(step)
         if self.events is not None:
             self.events.histograms(step, self.model.trainable_variables)
+            self.events.activations(step, self.model, self.probe)
 
     def set_batches(self, batches: list[int]) -> None:
         """Train the next steps at these local batches (saved with the next checkpoint)."""

@@ -457,6 +457,22 @@ def test_weight_section_draws_the_first_variables_and_their_quantiles(monkeypatc
     assert steps == ["step 0", "step 10", "step 30", "step 40"]  # four of five steps, ends included
     assert "<img" in report._weights({"weights/layer0/bias": [(0, 0.0, [(0.0, 0.0, 4.0)])]})
     assert "No weight histograms" in report._weights({"other/activations": histograms["other/activations"]})
+    assert "No activation histograms" in html_text  # these weights came without activations
+
+
+def test_activation_histograms_are_drawn_under_the_weights(monkeypatch):
+    import pipelines.analyze.report as report
+
+    points = [(s, 0.0, [(-1.0, 0.0, 3.0), (0.0, 2.0 + s, 5.0)]) for s in (0, 20)]
+    figures = []
+    real_img = report._img
+    monkeypatch.setattr(report, "_img", lambda fig, alt: figures.append((alt, fig)) or real_img(fig, alt))
+    html_text = report._weights({"weights/dense/kernel": points, "activations/dense": points, "activations/logits": points})
+    assert [alt for alt, _ in figures] == ["weight distributions over training", "activation distributions over training"]
+    activations = figures[1][1]
+    assert [ax.get_title() for ax in activations.axes][0::2] == ["dense (8 values)", "logits (8 values)"]
+    assert activations.axes[0].get_ylabel() == "activation"
+    assert "fixed batch of training rows" in html_text
 
 
 def test_per_rank_section_pieces():

@@ -87,13 +87,41 @@ def test_checkpoint_saves_write_histograms_on_rank_0_only(tmp_path):
 
     saved, model = [], tiny_model()
     checkpoints = SimpleNamespace(save=saved.append)
-    rank0 = SimpleNamespace(checkpoints=checkpoints, model=model, events=EventWriter(tmp_path / "r0", size=2))
+    rank0 = SimpleNamespace(checkpoints=checkpoints, model=model, events=EventWriter(tmp_path / "r0", size=2),
+                            probe=np.zeros((4, 5), np.float32))
     Trainer.save(rank0, 7)
-    Trainer.save(SimpleNamespace(checkpoints=checkpoints, model=model, events=None), 9)
+    Trainer.save(SimpleNamespace(checkpoints=checkpoints, model=model, events=None, probe=None), 9)
     assert saved == [7, 9]
     assert {tag: [p[0] for p in points] for tag, points in read_histograms(tmp_path).items()} == {
-        tag: [7] for tag, _ in weight_tags(model.trainable_variables)
+        **{tag: [7] for tag, _ in weight_tags(model.trainable_variables)},
+        **{f"activations/{layer.name}": [7] for layer in model.layers},
     }
+
+
+def test_activation_histograms_count_every_output_of_the_fixed_batch(tmp_path):
+    model = tiny_model()
+    writer = EventWriter(tmp_path, size=1)
+    x = np.random.default_rng(0).normal(size=(6, 5)).astype(np.float32)
+    writer.activations(3, model, x)
+    got = read_histograms(tmp_path)
+    assert list(got) == [f"activations/{layer.name}" for layer in model.layers] == ["activations/hidden", "activations/logits"]
+    hidden = model.get_layer("hidden")(x).numpy()
+    buckets = got["activations/hidden"][0][2]
+    assert sum(c for _, _, c in buckets) == hidden.size  # 6 rows x 4 units
+    assert (buckets[0][0], buckets[-1][1]) == pytest.approx((hidden.min(), hidden.max()), rel=1e-5)
+
+    import tensorflow as tf
+
+    class Subclassed(tf.keras.Model):  # no functional graph to tap: no activations, no error
+        def __init__(self):
+            super().__init__()
+            self.dense = tf.keras.layers.Dense(2)
+
+        def call(self, x):
+            return self.dense(x)
+
+    writer.activations(4, Subclassed(), x)
+    assert [p[0] for p in read_histograms(tmp_path)["activations/hidden"]] == [3]
 
 
 def test_saved_model_normalises_raw_features(tmp_path):
