@@ -1,0 +1,273 @@
+"""The main DAG as users run it: a real Airflow deployment (api-server, scheduler, dag-processor
+and triggerer as processes, SQLite, LocalExecutor; see ``real_airflow``) driven only through its
+REST API, not through ``airflow dags test``: a triggered run, bad params, a backfill on the DAG's
+daily schedule, and a task process killed while its ranks train.
+
+The components start once for the module; every process they start is stopped at the end, even
+when a test fails.  The module prints how long it took (about 6.5 minutes on two busy cores).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as dt
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from pipelines.rundir import RunDir
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from real_airflow import (  # noqa: E402 (the helper beside this file)
+    ROOT,
+    TRAINER_PY,
+    Airflow,
+    ApiError,
+    alive,
+    cmdline,
+    parent,
+    processes_with_env,
+    quote,
+)
+
+pytestmark = [pytest.mark.airflow, pytest.mark.integration, pytest.mark.real_airflow]
+
+DAG = "train_pipeline"
+TASKS = ["preload", "estimate", "lr_search", "train", "publish", "analyze", "approve", "promote"]
+DAYS = ["2026-01-01", "2026-01-02", "2026-01-03"]  # what generate-data writes by default (3 days)
+RUN_TIMEOUT = 900  # one run takes about a minute here; a busy machine can be much slower
+
+
+@pytest.fixture(scope="module")
+def airflow(tmp_path_factory, request):
+    """The running deployment, with the DAG unpaused once the dag-processor serialized it."""
+    started = time.monotonic()
+    deployment = Airflow(tmp_path_factory.mktemp("airflow-home"))
+    try:
+        deployment.start()
+        deployment.wait(lambda: deployment.api.call("GET", f"/api/v2/dags/{DAG}/details", ok=None).get("dag_id"),
+                        300, f"the dag-processor to serialize {DAG}")
+        deployment.api.patch(f"/dags/{DAG}", {"is_paused": False})
+        yield deployment
+    finally:
+        killed = deployment.stop()
+        left = deployment.processes()
+        NOTES.append(f"real Airflow module: {time.monotonic() - started:.0f} s; components stopped, "
+                     f"{len(killed)} process(es) needed SIGKILL")
+        show(request, NOTES)
+        assert not left, f"processes of the deployment still running after stop: {left}"
+
+
+NOTES: list[str] = []  # timings, printed when the module ends
+
+
+@pytest.fixture(autouse=True)
+def timed(request):
+    started = time.monotonic()
+    yield
+    NOTES.append(f"{request.node.name}: {time.monotonic() - started:.0f} s")
+
+
+def show(request, lines: list[str]) -> None:
+    """Print ``lines`` on the terminal, past pytest's output capture."""
+    capture = request.config.pluginmanager.get_plugin("capturemanager")
+    with capture.global_and_fixture_disabled() if capture else contextlib.nullcontext():
+        print("\n" + "\n".join(lines), flush=True)
+
+
+@pytest.fixture(scope="module")
+def dataset(tmp_path_factory):
+    out = tmp_path_factory.mktemp("data") / "shapes"
+    gen = subprocess.run(
+        [str(TRAINER_PY), "-m", "pipelines", "generate-data", "--out", str(out), "--rows-per-day", "400", "--days", "3"],
+        capture_output=True, text=True, timeout=120, cwd=str(ROOT),
+    )
+    assert gen.returncode == 0, gen.stderr[-2000:]
+    assert sorted(p.name for p in out.iterdir()) == [f"dt={d}" for d in DAYS]
+    return out
+
+
+def job(dataset: Path, artifacts: Path, epochs: int = 1, **dataset_fields) -> dict:
+    """A run's conf: the tiny dataset, a fixed learning rate (no range test), short training."""
+    return {"dataset": {"uri": str(dataset), **dataset_fields},
+            "training": {"epochs": epochs, "global_batch": 64, "learning_rate": 0.05},
+            "artifact_root": str(artifacts)}
+
+
+def trigger(airflow: Airflow, conf: dict) -> str:
+    run = airflow.api.post(f"/dags/{DAG}/dagRuns", {"logical_date": None, "conf": conf})
+    assert run["state"] == "queued" and run["conf"] == conf, run
+    return run["dag_run_id"]
+
+
+def run_path(run_id: str) -> str:
+    return f"/dags/{DAG}/dagRuns/{quote(run_id)}"
+
+
+def wait_for_run(airflow: Airflow, run_id: str, timeout: float = RUN_TIMEOUT) -> dict:
+    """The run once it ended; on a timeout it is marked failed first, so later tests do not
+    queue behind it (the DAG has max_active_runs=1)."""
+    def ended():
+        run = airflow.api.get(run_path(run_id))
+        return run if run["state"] in ("success", "failed") else None
+
+    try:
+        return airflow.wait(ended, timeout, f"run {run_id} to end ({task_states(airflow, run_id)})", every=3)
+    except AssertionError:
+        airflow.api.patch(run_path(run_id), {"state": "failed"}, ok=None)
+        raise
+
+
+def task_instances(airflow: Airflow, run_id: str) -> dict[str, dict]:
+    return {ti["task_id"]: ti for ti in airflow.api.get(run_path(run_id) + "/taskInstances")["task_instances"]}
+
+
+def task_states(airflow: Airflow, run_id: str) -> dict[str, tuple[str | None, int]]:
+    return {t: (ti["state"], ti["try_number"]) for t, ti in task_instances(airflow, run_id).items()}
+
+
+def result(airflow: Airflow, run_id: str, task_id: str) -> dict:
+    """The task's XCom ``return_value`` (the stage's JSON result)."""
+    return airflow.api.get(f"{run_path(run_id)}/taskInstances/{task_id}/xcomEntries/return_value")["value"]
+
+
+def task_log(airflow: Airflow, run_id: str, task_id: str, try_number: int) -> str:
+    answer = airflow.api.get(f"{run_path(run_id)}/taskInstances/{task_id}/logs/{try_number}")
+    return "\n".join(json.dumps(line) if not isinstance(line, str) else line for line in answer["content"])
+
+
+def test_a_run_triggered_over_the_rest_api_publishes_and_promotes_a_version(airflow, dataset, tmp_path):
+    artifacts = tmp_path / "artifacts"
+    run_id = trigger(airflow, job(dataset, artifacts))
+    run = wait_for_run(airflow, run_id)
+    states = task_states(airflow, run_id)
+    assert run["state"] == "success", states
+    assert states == {t: ("success", 1) for t in TASKS}  # every task, first try
+    publish = result(airflow, run_id, "publish")
+    version = artifacts / "models" / "small_cnn" / "v0001"
+    assert publish["version"] == "v0001" and publish["uri"] == str(version)
+    metadata = json.loads((version / "metadata.json").read_text())
+    assert metadata["run_id"] == run_id and metadata["dag_id"] == DAG
+    promoted = json.loads((artifacts / "models" / "small_cnn" / "PROMOTED.json").read_text())
+    assert promoted["version"] == "v0001" and promoted["run_id"] == run_id
+    # the publish task's outlet: one event of the model Asset, carrying the new version
+    events = airflow.api.get(f"/assets/events?source_dag_id={DAG}&source_run_id={quote(run_id)}")["asset_events"]
+    assert [(e["uri"], e["source_task_id"], e["extra"]) for e in events] == [
+        ("x-hetero://models/train_pipeline", "publish", {"model": "small_cnn", "version": "v0001", "uri": str(version)})
+    ]
+
+
+def test_bad_params_are_refused_by_the_api_or_by_the_first_task(airflow, dataset, tmp_path):
+    artifacts = tmp_path / "artifacts"
+    runs_before = airflow.api.get(f"/dags/{DAG}/dagRuns")["total_entries"]
+    # A wrong type: the API validates the conf against the DAG's params and creates no run.
+    conf = job(dataset, artifacts)
+    conf["training"]["epochs"] = "three"
+    with pytest.raises(ApiError) as refused:
+        airflow.api.post(f"/dags/{DAG}/dagRuns", {"logical_date": None, "conf": conf})
+    detail = refused.value.body["detail"]
+    assert refused.value.status == 400, refused.value
+    assert "param training" in detail and "'three' is not of type 'integer'" in detail and "epochs" in detail
+    assert airflow.api.get(f"/dags/{DAG}/dagRuns")["total_entries"] == runs_before
+    # A misspelt top-level key: Airflow takes the run (it merges conf into params), and the first
+    # task fails on its first try, naming the key, without retries and before any work.
+    conf = job(dataset, artifacts)
+    conf["trainig"] = conf.pop("training")
+    run_id = trigger(airflow, conf)
+    assert wait_for_run(airflow, run_id)["state"] == "failed"
+    states = task_states(airflow, run_id)
+    assert states["preload"] == ("failed", 1), states
+    assert {states[t][0] for t in TASKS[1:]} == {"upstream_failed"}, states
+    assert len(airflow.api.get(f"{run_path(run_id)}/taskInstances/preload/tries")["task_instances"]) == 1
+    log = task_log(airflow, run_id, "preload", 1)
+    assert "trainig: unknown field (did you mean 'training'?)" in log, log[-3000:]
+    assert not (artifacts / DAG).exists()  # nothing was started or written
+
+
+def test_a_backfill_trains_each_day_on_its_own_partition(airflow, dataset, tmp_path):
+    """Three days of the DAG's daily schedule (HETERO_TRAIN_SCHEDULE=@daily), one run at a time."""
+    artifacts = tmp_path / "artifacts"
+    conf = job(dataset, artifacts, use_data_interval=True)
+    backfill = airflow.api.post("/backfills", {
+        "dag_id": DAG, "from_date": f"{DAYS[0]}T00:00:00Z", "to_date": f"{DAYS[-1]}T00:00:00Z",
+        "max_active_runs": 1, "dag_run_conf": conf,
+    })
+    airflow.wait(lambda: airflow.api.get(f"/backfills/{backfill['id']}")["completed_at"], 3 * RUN_TIMEOUT,
+                 f"backfill {backfill['id']} to complete", every=5)
+    runs = [r for r in airflow.api.get(f"/dags/{DAG}/dagRuns?limit=100")["dag_runs"] if r["run_type"] == "backfill"]
+    runs.sort(key=lambda r: r["start_date"])
+    assert [r["state"] for r in runs] == ["success"] * 3, [(r["dag_run_id"], r["state"]) for r in runs]
+    assert [r["logical_date"][:10] for r in runs] == DAYS  # forwards, one day each
+    for before, after in zip(runs, runs[1:]):  # max_active_runs 1: one after the other
+        assert after["start_date"] >= before["end_date"]
+    versions, run_dirs = [], set()
+    for run, day in zip(runs, DAYS):
+        run_dir = RunDir.for_run(str(artifacts), DAG, run["dag_run_id"]).root
+        run_dirs.add(run_dir)
+        preload = json.loads((run_dir / "preload" / "result.json").read_text())
+        assert preload["partitions"] == [day] and preload["rows"] == 400, preload["partitions"]
+        assert preload["run_dir"] == str(run_dir)
+        publish = result(airflow, run["dag_run_id"], "publish")
+        assert publish["run_dir"] == str(run_dir)
+        metadata = json.loads((Path(publish["uri"]) / "metadata.json").read_text())
+        assert metadata["run_id"] == run["dag_run_id"] and metadata["data_interval"]["start"][:10] == day
+        versions.append((publish["published_at"], publish["version"]))
+    assert len(run_dirs) == 3  # each run in its own folder
+    assert versions == sorted(versions) and [v for _, v in versions] == ["v0001", "v0002", "v0003"]
+
+
+def train_ranks(run_id: str, try_number: int) -> list[int]:
+    """The live rank processes of the run's train task try (see pipelines.launch.lifetime)."""
+    return processes_with_env(HETERO_RUN=f"{DAG}/{run_id}", HETERO_STAGE="train", HETERO_TRY=str(try_number))
+
+
+def test_killing_a_training_task_stops_its_ranks_and_the_retry_finishes_the_run(airflow, dataset, tmp_path):
+    """SIGKILL the train task's process (the ``airflow worker -- <ti id>`` process that runs the
+    operator) while its ranks train: the stage and its ranks end with it (parent-death signal),
+    Airflow fails the try and the retry finishes the run."""
+    artifacts = tmp_path / "artifacts"
+    run_id = trigger(airflow, job(dataset, artifacts, epochs=60))  # 17 steps an epoch
+    run_dir = RunDir.for_run(str(artifacts), DAG, run_id).root
+
+    def training():  # the plan's ranks, past their first epoch's checkpoint
+        ranks = train_ranks(run_id, 1)
+        if not ranks or not (run_dir / "train" / "checkpoints" / "checkpoint").exists():
+            return None
+        planned = json.loads((run_dir / "estimate" / "plan.json").read_text())["ranks"]
+        return len(ranks) == len(planned) and ranks  # one or two ranks, as the estimate measured
+
+    ranks = airflow.wait(training, RUN_TIMEOUT, f"the ranks of {run_id}'s train task to save a checkpoint "
+                         f"({task_states(airflow, run_id)})", every=0.2)
+    (stage,) = {parent(pid) for pid in ranks}  # the stage process launched the ranks
+    task = parent(stage)
+    ti = task_instances(airflow, run_id)["train"]
+    assert (ti["state"], ti["try_number"]) == ("running", 1)
+    assert cmdline(task) == f"airflow worker -- {ti['id']}", cmdline(task)
+    os.kill(task, signal.SIGKILL)
+    killed = time.monotonic()
+    airflow.wait(lambda: not any(alive(p) for p in [task, stage, *ranks]), 60,
+                 "the killed task's stage process and ranks to end", every=0.2)
+    NOTES.append(f"the killed train task's stage and ranks ended within {time.monotonic() - killed:.1f} s")
+    assert train_ranks(run_id, 1) == []
+    run = wait_for_run(airflow, run_id)
+    states = task_states(airflow, run_id)
+    assert run["state"] == "success", states
+    assert states["train"] == ("success", 2) and states["publish"] == ("success", 1)
+    tries = airflow.api.get(f"{run_path(run_id)}/taskInstances/train/tries")["task_instances"]
+    assert [(t["try_number"], t["state"]) for t in tries] == [(1, "failed"), (2, "success")], tries
+    # the supervisor saw the task process die of our signal; the retry found no rank of the
+    # killed try to stop: they had ended on their own
+    assert "Process terminated by signal" in task_log(airflow, run_id, "train", 1)
+    assert "of an earlier try" not in task_log(airflow, run_id, "train", 2)
+    train = result(airflow, run_id, "train")  # the retry went on from the killed try's checkpoint
+    assert train["epochs"] == 60 and train["resumed_from_step"] > 0, train
+    assert result(airflow, run_id, "publish")["version"] == "v0001"
+    waited = dt.datetime.fromisoformat(tries[1]["start_date"]) - dt.datetime.fromisoformat(tries[0]["end_date"])
+    assert waited.total_seconds() > 0
+    NOTES.append(f"the train task's retry started {waited.total_seconds():.0f} s after the killed try failed")
