@@ -103,7 +103,8 @@ def main(argv: list[str] | None = None) -> int:
         try:
             result = Trainer(args, hvd, key).fit()
         except DivergedError as e:
-            log.error("%s; lower training.learning_rate (or let lr_search choose it)", e)
+            log.error("%s", e)
+            log.error("the loss diverged: a retry would diverge again at the same step; lower training.learning_rate")
             return EXIT_DIVERGED
         except TrainingError as e:
             log.error("%s", e)
