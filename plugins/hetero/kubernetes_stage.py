@@ -34,6 +34,13 @@ if TYPE_CHECKING:
 __all__ = ["StagePodOperator"]
 
 
+def container_exit_code(pod: Any, name: str) -> int | None:
+    """The exit code of container ``name`` of a terminated pod (None when it has not ended)."""
+    statuses = (pod.status.container_statuses if pod is not None and pod.status else None) or []
+    state = next((s.state for s in statuses if s.name == name), None)
+    return state.terminated.exit_code if state is not None and state.terminated is not None else None
+
+
 class StagePodOperator(KubernetesPodOperator):
     """Run one pipeline stage as a pod and return its JSON result as XCom.
 
@@ -151,6 +158,24 @@ class StagePodOperator(KubernetesPodOperator):
         finally:
             self.do_xcom_push = push
         return stage_result(self._lines, self.stage, "the pod's log")
+
+    def cleanup(self, pod, remote_pod, xcom_result: dict | None = None, context: Context | None = None) -> None:
+        """The provider's clean-up (delete the pod, fail for a failed pod), except that a stage
+        that exited 2 (bad input: a retry would fail the same way) fails the task without retries
+        (docs/ARCHITECTURE.md, "Failure rules")."""
+        from airflow.sdk.exceptions import AirflowException, AirflowFailException, AirflowSkipException
+
+        from pipelines.errors import NO_RETRY
+
+        try:
+            super().cleanup(pod, remote_pod, xcom_result=xcom_result, context=context)
+        except (AirflowFailException, AirflowSkipException):
+            raise
+        except AirflowException as e:
+            code = container_exit_code(remote_pod, self.base_container_name)
+            if code in NO_RETRY:
+                raise AirflowFailException(f"{e}\n(not retried: the stage exited {code}, bad input)") from e
+            raise
 
     def defer(self, *, trigger: Any, method_name: str, kwargs: dict | None = None, timeout: Any = None) -> Any:
         """Resume in :meth:`execute_complete` (not the provider's ``trigger_reentry``), the name

@@ -182,3 +182,30 @@ def test_a_local_stage_follows_the_task_process_and_reads_no_standard_input(tmp_
     ctx = stage_context(task_context())
     result = LocalStage("preload", load_spec(spec_doc), ctx, python=python).run()
     assert result == {"parent": str(os.getpid()), "ppid": os.getpid(), "stdin": "/dev/null"}
+
+
+@pytest.mark.parametrize(("code", "retried"), [(2, False), (3, True), (137, True)])
+def test_a_stage_pod_that_exits_2_fails_the_task_without_retries(monkeypatch, spec_doc, code, retried):
+    """The provider's clean-up fails a failed pod with AirflowException (retried); a stage pod
+    that exited 2 (bad input) fails without retries instead. The pod is deleted either way."""
+    from airflow.sdk.exceptions import AirflowFailException
+    from kubernetes.client import models as m
+
+    op = StagePodOperator(task_id="preload", stage="preload", spec_json=spec_doc)
+    deleted = []
+    monkeypatch.setattr(op, "patch_already_checked", lambda pod, reraise=True: None)
+    monkeypatch.setattr(op, "is_istio_enabled", lambda pod: False)  # the API calls of the clean-up, stubbed
+    monkeypatch.setattr(op, "_read_pod_container_states", lambda pod, reraise=True: None, raising=False)
+    monkeypatch.setattr(op, "_read_pod_events", lambda pod, reraise=True: None, raising=False)
+    monkeypatch.setattr(op, "process_pod_deletion", lambda pod, reraise=True: deleted.append(pod.metadata.name))
+    terminated = m.V1ContainerStateTerminated(exit_code=code, reason="Error")
+    remote = m.V1Pod(
+        metadata=m.V1ObjectMeta(name="preload-abc", namespace="ml"),
+        status=m.V1PodStatus(phase="Failed", container_statuses=[m.V1ContainerStatus(
+            name=op.base_container_name, image="i", image_id="", ready=False, restart_count=0,
+            state=m.V1ContainerState(terminated=terminated))]),
+    )
+    with pytest.raises(AirflowException, match="Pod preload-abc returned a failure") as failed:
+        op.cleanup(remote, remote)
+    assert isinstance(failed.value, AirflowFailException) == (not retried)
+    assert deleted == ["preload-abc"]
