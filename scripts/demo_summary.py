@@ -33,8 +33,9 @@ def main() -> int:
         return 1
     publish, promoted = json.loads((run / "publish" / "result.json").read_text()), json.loads(promote.read_text())
     print(f"published: {publish['model']} {publish['version']} at {publish['uri']}")
-    state = "promoted" if promoted["promoted"] else "not promoted"
-    print(f"{state}: {promoted['reason']}" + (f" (was {promoted['previous']})" if promoted.get("previous") else ""))
+    state = f"promoted {publish['version']}" if promoted["promoted"] else f"{publish['version']} not promoted"
+    was = f"; the promoted version was {promoted['previous']}" if promoted.get("previous") else ""
+    print(f"{state} ({promoted['reason']}{was})")
     return 0
 
 
