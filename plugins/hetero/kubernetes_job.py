@@ -174,6 +174,18 @@ def _main_container(pod: k8s_models.V1Pod) -> str:
     return pod.spec.containers[0].name
 
 
+def _blame(term: Any) -> int:
+    """How likely a failed container caused its job's failure rather than suffered it: 0 for its
+    own verdict (exit 2 bad input, 4 a diverged loss), 1 when it was killed (OOM, SIGKILL), 2 for
+    anything else (a rank whose peer died fails with a communication error)."""
+    from pipelines.errors import NO_RETRY
+
+    code = getattr(term, "exit_code", None)
+    if code in NO_RETRY:
+        return 0
+    return 1 if code == 137 or getattr(term, "reason", None) == "OOMKilled" else 2
+
+
 def _rank(pod: k8s_models.V1Pod) -> int:
     return int(pod.metadata.labels["rank"])
 
@@ -482,10 +494,13 @@ class HorovodGang:
             term = _terminated(pod, _main_container(pod))
             if _phase(pod) == "Failed" or (term is not None and term.exit_code not in (0, None)):
                 finished = getattr(term, "finished_at", None)
-                failed.append((finished is None, str(finished or ""), rank, pod, term))
+                failed.append((finished is None, str(finished or ""), _blame(term), rank, pod, term))
         if not failed:
             return
-        _, _, rank, pod, term = min(failed, key=lambda f: f[:3])  # the first to fail is the likely cause
+        # The first to fail is the likely cause; finished_at has one-second resolution, so within
+        # the same second a rank that says why (bad input, divergence, killed) comes before a rank
+        # that only lost its peer.
+        *_, rank, pod, term = min(failed, key=lambda f: f[:4])
         code = term.exit_code if term is not None else None
         reason = (term.reason if term is not None else None) or (pod.status and pod.status.reason) or "Error"
         tail = self._log_tail(pod, term)

@@ -120,6 +120,19 @@ def test_the_first_rank_to_fail_is_reported(spec_doc, mixed_plan):
     assert (info.value.rank, info.value.exit_code) == (2, 3)
 
 
+@pytest.mark.parametrize("cause", [137, 4, 2])
+def test_within_the_same_second_the_rank_that_says_why_is_blamed(spec_doc, mixed_plan, cause):
+    """finished_at has one-second resolution: rank 1 lost its peer (exit 1) in the same second
+    rank 2 was killed (137) or stopped on bad input or a NaN; rank 2 is the cause."""
+    fake = FakeCoreV1(
+        scripts={1: [running(), terminated(1, seconds=30)], 2: [running(), terminated(cause, seconds=30)]},
+        default=[running()],
+    )
+    with pytest.raises(RankPodFailed) as info:
+        make_operator(spec_doc, mixed_plan, fake).execute(make_context())
+    assert (info.value.rank, info.value.exit_code) == (2, cause)
+
+
 def test_failed_pods_are_kept_when_configured(spec_doc, mixed_plan):
     spec_doc["kubernetes"]["keep_failed_pods"] = True
     fake = FakeCoreV1(scripts={2: [running(), terminated(2)]}, default=[running()])
