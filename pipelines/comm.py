@@ -72,6 +72,17 @@ def init_horovod(hvd, policy: str | None = None) -> list[int]:
     return changed
 
 
+def start_rank() -> str:
+    """A rank program's first lines: end with the launcher (under the local launcher), log with
+    the rank in every line; returns the rank (``HOROVOD_RANK``, before Horovod starts)."""
+    from pipelines.launch.lifetime import die_with_parent
+
+    die_with_parent()
+    rank = os.environ.get("HOROVOD_RANK", "0")
+    logging.basicConfig(level=logging.INFO, format=f"%(asctime)s %(levelname)s rank{rank}: %(message)s")
+    return rank
+
+
 def configure_threads() -> None:
     """Match TensorFlow's thread pools to the CPU quota (before TensorFlow starts its runtime)."""
     import tensorflow as tf

@@ -71,11 +71,11 @@ def _events(train: dict, run_dir: RunDir) -> Events:
         return Events({}, {})
 
 
-def _promoted_version(spec: JobSpec) -> str | None:
+def _promoted(spec: JobSpec) -> dict | None:
+    """The promoted version's metadata in the spec's model store (None before any promotion)."""
     from pipelines.modelstore import ModelStore
 
-    promoted = ModelStore(spec.model_store_uri()).promoted(spec.model_store_name())
-    return promoted["version"] if promoted else None
+    return ModelStore(spec.model_store_uri()).promoted(spec.model_store_name())
 
 
 def _evaluation(spec: JobSpec, preload: dict, train: dict, run_dir: RunDir) -> dict[str, Any]:
@@ -90,9 +90,12 @@ def _evaluation(spec: JobSpec, preload: dict, train: dict, run_dir: RunDir) -> d
     )
 
 
-def compare_versions(spec: JobSpec, preload: dict, evaluation: dict, publish: dict | None, scratch: Path) -> dict | None:
-    """The published version against the promoted one, both evaluated on this run's held-out rows
-    (docs/ARCHITECTURE.md, "Model versions and promotion"); None when nothing was published.
+def compare_versions(
+    spec: JobSpec, preload: dict, evaluation: dict, publish: dict | None, promoted: dict | None, scratch: Path
+) -> dict | None:
+    """The published version against the promoted one (``promoted``: its metadata, None before
+    any promotion), both evaluated on this run's held-out rows (docs/ARCHITECTURE.md, "Model
+    versions and promotion"); None when nothing was published.
 
     ``promotable`` is whether the new version may replace the promoted one: its held-out accuracy
     is at most ``promotion.tolerance`` below the promoted one's (always, when none is promoted)."""
@@ -103,7 +106,6 @@ def compare_versions(spec: JobSpec, preload: dict, evaluation: dict, publish: di
     store, name, tolerance = ModelStore(spec.model_store_uri()), spec.model_store_name(), spec.promotion.tolerance
     new = {"version": publish["version"], "uri": publish["uri"], "accuracy": evaluation["accuracy"],
            "per_class_accuracy": evaluation["per_class_accuracy"]}
-    promoted = store.promoted(name)
     if promoted is None or promoted["version"] == publish["version"]:
         why = "no version is promoted yet" if promoted is None else f"{publish['version']} is already the promoted version"
         return {"new": new, "promoted": None, "tolerance": tolerance, "promotable": True, "reason": why}
@@ -135,10 +137,11 @@ def run(spec: JobSpec, run_dir: RunDir, ctx: StageContext) -> dict[str, Any]:
     estimate = _optional_result(run_dir, "estimate")
     lr_search = _optional_result(run_dir, "lr_search")
     publish = _optional_result(run_dir, "publish")
-    promoted = _promoted_version(spec) if publish else None
+    promoted = _promoted(spec) if publish else None  # read once: the key and the comparison agree
     # Whole upstream results: a retrained model (new train_seconds) must be analysed again; so must
     # a comparison against another promoted version.
-    key = input_key("analyze", REPORT_VERSION, preload, train, estimate, lr_search, publish, promoted,
+    key = input_key("analyze", REPORT_VERSION, preload, train, estimate, lr_search, publish,
+                    promoted and promoted["version"],
                     spec.promotion.model_dump())
     done = run_dir.completed("analyze", key)
     if done is not None and not ctx.fresh:
@@ -149,7 +152,7 @@ def run(spec: JobSpec, run_dir: RunDir, ctx: StageContext) -> dict[str, Any]:
     evaluation = _evaluation(spec, preload, train, run_dir)
     metrics = derived_metrics(train, estimate)
     out = Path(run_dir.stage("analyze"))
-    comparison = compare_versions(spec, preload, evaluation, publish, out / "promoted")
+    comparison = compare_versions(spec, preload, evaluation, publish, promoted, out / "promoted")
     html_text = build_report(
         train=train,
         scalars=scalars,

@@ -83,7 +83,7 @@ def stop_earlier_tries(run: str, try_number: int, stage: str, wait_s: float = 10
         except ProcessLookupError:
             pass
     deadline = time.monotonic() + wait_s
-    while pids and time.monotonic() < deadline and any(os.path.exists(f"/proc/{p}") and _alive(p) for p in pids):
+    while pids and time.monotonic() < deadline and any(_alive(p) for p in pids):
         time.sleep(0.05)
     return pids
 

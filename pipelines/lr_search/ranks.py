@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import logging
 import math
-import os
 import sys
 import time
 from dataclasses import dataclass
@@ -231,20 +230,18 @@ def write_outputs(job: SearchJob, result: dict[str, Any]) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> int:
     """Run one rank; rank 0 prints the result last.  Every rank first looks for a result of the
     same inputs and, when there is one, exits at once without joining the rendezvous."""
-    from pipelines.comm import horovod_job, print_result
-    from pipelines.launch.lifetime import die_with_parent
+    from pipelines.comm import horovod_job, print_result, start_rank
+    from pipelines.errors import EXIT_BAD_INPUT
     from pipelines.lr_search.result import completed
     from pipelines.spec import SpecError
 
-    die_with_parent()  # under the local launcher: end when the launcher does
+    rank = start_rank()
     args = parse_args(argv)
-    rank = os.environ.get("HOROVOD_RANK", "0")
-    logging.basicConfig(level=logging.INFO, format=f"%(asctime)s %(levelname)s rank{rank}: %(message)s")
     try:
         job = load_search(args)
     except (SpecError, StageError, FileNotFoundError) as e:
         log.error("%s", e)
-        return 2
+        return EXIT_BAD_INPUT
     done = None if args.fresh else completed(job.run_dir, job.key)
     if done is not None:
         log.info("already searched for these inputs (input key %s); returning the stored result", job.key)
@@ -254,12 +251,12 @@ def main(argv: list[str] | None = None) -> int:
     with horovod_job() as hvd:
         if hvd.size() != len(job.batches):
             log.error("the plan has %d ranks but %d were started", len(job.batches), hvd.size())
-            return 2
+            return EXIT_BAD_INPUT
         try:
             result = search(job, hvd)
         except StageError as e:
             log.error("%s", e)
-            return 2
+            return EXIT_BAD_INPUT
     if hvd.rank() == 0:
         result = write_outputs(job, result)
         log.info("learning rate %.4g (%s)", result["learning_rate"], result["reason"])

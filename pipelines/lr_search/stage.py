@@ -19,7 +19,7 @@ from pipelines.lr_search.ranks import test_settings
 from pipelines.lr_search.result import STAGE, completed, fixed_result, search_key
 from pipelines.plan import run_plan
 from pipelines.rundir import RunDir
-from pipelines.spec import JobSpec, load_pool
+from pipelines.spec import JobSpec, SpecError, load_pool
 from pipelines.stages import StageContext
 
 log = logging.getLogger(__name__)
@@ -30,7 +30,7 @@ def run(spec: JobSpec, run_dir: RunDir, ctx: StageContext) -> dict:
     if spec.training.learning_rate != "auto":
         try:
             global_batch = int(run_plan(run_dir)["global_batch"])
-        except Exception:  # a fixed rate needs no plan; it is scaled to the spec's batch then
+        except SpecError:  # no plan: a fixed rate needs none; it is scaled to the spec's batch then
             gb = spec.training.global_batch
             global_batch = None if gb == "auto" else int(gb)
         return fixed_result(spec, global_batch)

@@ -80,14 +80,11 @@ def main(argv: list[str] | None = None) -> int:
     """Train one rank; rank 0 prints the stage result last.  Every rank first looks for a result
     of the same inputs (the same file on the shared run directory, so all ranks agree) and, when
     there is one, exits at once without joining the rendezvous; rank 0 prints it."""
-    from pipelines.comm import horovod_job, print_result
-    from pipelines.launch.lifetime import die_with_parent
+    from pipelines.comm import horovod_job, print_result, start_rank
     from pipelines.train.result import completed
 
-    die_with_parent()  # under the local launcher: end when the launcher does
+    rank = start_rank()
     args = parse_args(argv)
-    rank = os.environ.get("HOROVOD_RANK", "0")
-    logging.basicConfig(level=logging.INFO, format=f"%(asctime)s %(levelname)s rank{rank}: %(message)s")
     try:
         key = result_key(args)
     except TrainingError as e:
