@@ -220,6 +220,22 @@ class PromotionSpec(_Strict):
     )
 
 
+class EstimateSpec(_Strict):
+    """How the estimate stage predicts step time and memory (docs/ARCHITECTURE.md, "The learned estimator")."""
+
+    calibrate: Literal["auto", "always", "never"] = Field(
+        "auto",
+        description="auto: time this model on a device type only when the profile bank has no measurement of it "
+        "there; always: time it on every device type (a few seconds each, in parallel pods on Kubernetes); "
+        "never: predict from the profile bank alone.",
+    )
+    profile_bank: str = Field(
+        "",
+        description="Where the profile bank lives: a path or s3://, gs://, hdfs:// URI. Empty: "
+        "<artifact_root>/_profiles.",
+    )
+
+
 class KubernetesSpec(_Strict):
     """Where and how pods run when ``launcher`` is ``kubernetes``."""
 
@@ -349,6 +365,7 @@ class JobSpec(_Strict):
         "environment or kubernetes.secret_name). Empty: <artifact_root>/models.",
     )
     promotion: PromotionSpec = Field(default_factory=PromotionSpec)
+    estimate: EstimateSpec = Field(default_factory=EstimateSpec)
 
     @field_validator("artifact_root")
     @classmethod
@@ -363,6 +380,7 @@ class JobSpec(_Strict):
         if not problems and self.allowed_roots:
             places = [("dataset.uri", self.dataset.uri), ("artifact_root", self.artifact_root)]
             places += [("model_store", self.model_store)] if self.model_store else []
+            places += [("estimate.profile_bank", self.estimate.profile_bank)] if self.estimate.profile_bank else []
             for field, value in places:
                 if not _under_any(value, self.allowed_roots):
                     problems.append((field, f"{redact_uri(value)!r} is outside the allowed roots {self.allowed_roots}"))
@@ -377,6 +395,10 @@ class JobSpec(_Strict):
         """The model store's URI: ``model_store``, else ``<artifact_root>/models``."""
         return self.model_store or str(Path(self.artifact_root.removeprefix("file://")) / "models")
 
+    def profile_bank_uri(self) -> str:
+        """The profile bank's URI: ``estimate.profile_bank``, else ``<artifact_root>/_profiles``."""
+        return self.estimate.profile_bank or str(Path(self.artifact_root.removeprefix("file://")) / "_profiles")
+
     def model_store_name(self) -> str:
         """The model's folder in the store: its name, made safe as one path component."""
         return re.sub(r"[^A-Za-z0-9._-]+", "-", self.model.name).strip("-.") or "model"
@@ -384,7 +406,8 @@ class JobSpec(_Strict):
 
 def _credential_problems(spec: JobSpec) -> list[tuple[str, str]]:
     """Credentials written into a URI: refused, so they never reach a file, a log or an XCom."""
-    fields = [("dataset.uri", spec.dataset.uri), ("artifact_root", spec.artifact_root), ("model_store", spec.model_store)]
+    fields = [("dataset.uri", spec.dataset.uri), ("artifact_root", spec.artifact_root), ("model_store", spec.model_store),
+              ("estimate.profile_bank", spec.estimate.profile_bank)]
     fields += [(f"allowed_roots.{i}", root) for i, root in enumerate(spec.allowed_roots)]
     problems = []
     for field, value in fields:
@@ -430,6 +453,13 @@ def kubernetes_storage_problems(spec: JobSpec) -> list[tuple[str, str]]:
             "model_store",
             f"{store!r} is a local path outside artifact_root; with launcher kubernetes the stage pods see only the "
             "volume mounted at artifact_root: put the store under it, or use an s3://, gs:// or hdfs:// URI",
+        ))
+    bank = spec.estimate.profile_bank
+    if bank and not is_remote(bank) and not _under_any(bank, [spec.artifact_root]):
+        problems.append((
+            "estimate.profile_bank",
+            f"{bank!r} is a local path outside artifact_root; with launcher kubernetes the pods that profile and train "
+            "see only the volume mounted at artifact_root: put the bank under it, or use an s3://, gs:// or hdfs:// URI",
         ))
     if not spec.kubernetes.artifact_volume_claim:
         problems.append((
