@@ -74,6 +74,12 @@ def build_parser() -> argparse.ArgumentParser:
     pa.add_argument("--pool", required=True, help="pool: YAML/JSON file or inline JSON")
     pa.add_argument("--bank", help="profile bank URI (default: <artifact root>/_profiles)")
     pa.add_argument("--artifact-root", default="artifacts", help="default bank location (default: %(default)s)")
+    rr = sub.add_parser("reference-runs", help="short real trainings of reference models on a local pool, recorded in "
+                        "the profile bank so the first run of any model there is predicted with the pool's corrections")
+    rr.add_argument("--pool", required=True, help="pool file")
+    rr.add_argument("--bank", help="profile bank URI (default: <artifact root>/_profiles)")
+    rr.add_argument("--artifact-root", default="artifacts", help="default bank location (default: %(default)s)")
+    rr.add_argument("--workdir", help="where the generated data and the runs go (default: <artifact root>/_reference)")
     r = sub.add_parser("render", help="write the Kubernetes manifests a job would create, without a cluster")
     r.add_argument("--spec", required=True)
     r.add_argument("--pool", help="pool file (default: the spec's)")
@@ -141,6 +147,10 @@ def bank_command(args: argparse.Namespace) -> dict:
         from pipelines.estimate.sweep import profile_device
 
         return profile_device(args.pool, args.device, bank, args.size, source=args.source)
+    if args.command == "reference-runs":
+        from pipelines.estimate.reference import reference_runs
+
+        return reference_runs(args.pool, bank, args.workdir or str(Path(args.artifact_root) / "_reference"))
     if args.command == "probe-allreduce":
         from pipelines.estimate.probe import probe_pool
 
@@ -166,7 +176,7 @@ def main(argv: list[str] | None = None) -> int:
             from pipelines.data.sample import generate
 
             result = generate(args.out, rows_per_day=args.rows_per_day, days=args.days, start=args.start, seed=args.seed)
-        elif args.command in ("profile", "fit-bank", "probe-allreduce"):
+        elif args.command in ("profile", "fit-bank", "probe-allreduce", "reference-runs"):
             result = bank_command(args)
         elif args.command == "render":
             from pipelines.launch.render import render_cli

@@ -1,0 +1,138 @@
+"""Benchmark: the learned estimator's step time, memory and whole-run predictions.
+
+Run in the trainer environment::
+
+    .venv-trainer/bin/python bench/estimator.py [--size medium] [--out /tmp/bench-estimator]
+
+On the local fast + slow pool (examples/pool-local.yaml: a full core, and 40% of a core through a
+cgroup CPU quota), into a fresh profile bank:
+
+1. the profiling sweep of ``--size`` on each device type (``python -m pipelines profile``) and the
+   pool's allreduce probe;
+2. ``step_time_mape_heldout``: the chosen step-time law's grouped cross-validation error (every
+   model's rows held out together), averaged over the two device types;
+   ``step_time_mape_extrapolation``: the law fitted on the family's models up to the 75th
+   percentile of training FLOPs per sample, tested on the models above the largest fitted;
+   ``memory_mape``: the memory law's cross-validation error;
+3. the reference runs (``python -m pipelines reference-runs``: two models of their own), which
+   teach the bank the pool's synchronous costs;
+4. ``--runs`` two-rank training runs of models that are neither in the sweep's family nor
+   reference models, at different global batches, each through the real stages (preload,
+   estimate with ``estimate.calibrate: never``, train, analyze).  Each run is predicted before it
+   starts from the bank as it stands (later runs also learn from earlier ones, as in production).
+   ``run_time_error_*`` is |predicted − actual| / actual of the trainer's ``train_seconds``.
+
+Prints a table and ends with one JSON line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+POOL = ROOT / "examples" / "pool-local.yaml"
+# (model, kwargs, global batch): not in the family (its ids), not reference models.
+RUNS = (
+    ("small_cnn", {}, 128),
+    ("conv_net", {"filters": [16, 32, 32], "dense": [64]}, 256),
+    ("tiny_mlp", {"hidden": [256]}, 64),
+    ("conv_net", {"filters": [8], "dense": [128, 64]}, 128),
+    ("small_cnn", {"filters": [8, 16], "dense_units": 32}, 256),
+    ("tiny_mlp", {"hidden": [512, 256]}, 128),
+)
+
+
+def law_errors(rows: list[dict]) -> dict:
+    """Held-out, extrapolation and memory errors of one device type's sweep rows."""
+    from pipelines.estimate.regress import MEMORY_LAWS, STEP_LAWS, fit_law, mape, select
+
+    step = select(rows, "step_s", STEP_LAWS)
+    flops = sorted({r["train_flops_per_sample"] for r in rows})
+    cut = flops[int(0.75 * (len(flops) - 1))]
+    small = [r for r in rows if r["train_flops_per_sample"] <= cut]
+    large = [r for r in rows if r["train_flops_per_sample"] > cut]
+    chosen_small = select(small, "step_s", STEP_LAWS)  # chosen without seeing the large models
+    extrapolated = fit_law(small, "step_s", chosen_small.name, *STEP_LAWS[chosen_small.name])
+    memory_rows = [r for r in rows if r.get("peak_memory_bytes")]
+    memory = select(memory_rows, "peak_memory_bytes", MEMORY_LAWS) if memory_rows else None
+    return {
+        "step_law": step.name, "step_cv_mape": step.cv_mape, "step_candidates": step.candidates,
+        "extrapolation_law": chosen_small.name, "extrapolation_mape": mape(extrapolated, large, "step_s") if large else None,
+        "extrapolation_models": len({r["model_key"] for r in large}),
+        "memory_law": memory.name if memory else None, "memory_cv_mape": memory.cv_mape if memory else None,
+        "models": step.models, "rows": step.rows,
+    }
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--size", default="medium", help="sweep size (default: %(default)s)")
+    p.add_argument("--out", default=None, help="work folder (default: a new temporary folder)")
+    p.add_argument("--runs", type=int, default=len(RUNS), help="evaluation runs (default: %(default)s)")
+    p.add_argument("--rows-per-day", type=int, default=2000)
+    args = p.parse_args()
+    from pipelines.data.sample import generate
+    from pipelines.estimate.probe import probe_pool
+    from pipelines.estimate.reference import job_spec, reference_runs, run_pipeline
+    from pipelines.estimate.sweep import profile_device
+    from pipelines.profilebank import ProfileBank
+
+    work = Path(args.out or tempfile.mkdtemp(prefix="bench-estimator-"))
+    bank_uri = str(work / "bank")
+    started = time.time()
+    sweeps = {dev: profile_device(str(POOL), dev, bank_uri, args.size) for dev in ("fast", "slow")}
+    link = probe_pool(str(POOL), bank_uri)
+    sweep_s = time.time() - started
+    rows = [r for r in ProfileBank(bank_uri).steps() if r["kind"] == "sweep"]
+    laws = {dev: law_errors([r for r in rows if r["device"] == dev]) for dev in ("fast", "slow")}
+    reference = reference_runs(str(POOL), bank_uri, work / "reference")
+    data = work / "data"
+    generate(str(data), rows_per_day=args.rows_per_day, days=3)
+    runs = []
+    for i, (model, kwargs, gb) in enumerate(RUNS[: args.runs]):
+        spec = job_spec(str(data), str(POOL), work, bank_uri, model, kwargs, global_batch=gb, epochs=2)
+        run_id = f"eval-{i}"
+        results = run_pipeline(spec, work / "runs" / run_id, run_id=run_id, dag_id="bench")
+        a = results["analyze"]
+        timing = results["estimate"]["plan"]["timing"]
+        runs.append({"model": model, "kwargs": kwargs, "global_batch": gb, "predicted_s": a["predicted_total_s"],
+                     "actual_s": a["actual_train_s"], "error": a["prediction_error"],
+                     "parts": (a.get("estimator") or {}).get("parts"), "corrections": timing["corrections"]})
+        print(f"run {i}: {model} {kwargs} B={gb}: predicted {a['predicted_total_s']:.2f} s, actual "
+              f"{a['actual_train_s']:.2f} s, error {100 * a['prediction_error']:+.1f}%", flush=True)
+    (work / "bench.json").write_text(json.dumps({"laws": laws, "sweeps": sweeps, "link": link, "reference": reference,
+                                                 "runs": runs}, indent=1, default=str))
+    print(f"\n{'device':8} {'law':40} {'held-out':>9} {'extrap.':>8} {'memory':>8} {'models':>6}")
+    for dev, e in laws.items():
+        print(f"{dev:8} {e['step_law']:40} {100 * e['step_cv_mape']:8.1f}% {100 * (e['extrapolation_mape'] or 0):7.1f}% "
+              f"{100 * (e['memory_cv_mape'] or 0):7.1f}% {e['models']:6d}")
+    errors = [abs(r["error"]) for r in runs]
+    summary = {
+        "step_time_mape_heldout": round(statistics.mean(e["step_cv_mape"] for e in laws.values()), 4),
+        "step_time_mape_extrapolation": round(statistics.mean(e["extrapolation_mape"] for e in laws.values()), 4),
+        "memory_mape": round(statistics.mean(e["memory_cv_mape"] for e in laws.values()), 4),
+        "run_time_error_median": round(statistics.median(errors), 4),
+        "run_time_error_max": round(max(errors), 4),
+        "runs": len(runs),
+        "run_time_error_first": round(errors[0], 4),
+        "reference_run_errors": [round(r["error"], 4) for r in reference["runs"]],
+        "sweep_size": args.size,
+        "sweep_rows": len(rows),
+        "sweep_seconds": round(sweep_s, 1),
+        "allreduce_latency_ms": round(1e3 * link["latency_s"], 3),
+        "allreduce_bandwidth_MBps": round(link["bandwidth_bps"] / 1e6, 1),
+    }
+    print(json.dumps(summary, sort_keys=True))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,86 @@
+"""Reference runs: short real trainings on a local pool that teach the estimator what synchronous
+training costs there before any user's run does (docs/ARCHITECTURE.md, "The learned estimator").
+
+A sweep times each device type alone.  What a synchronous run adds (the wait for the slowest rank
+through the quota's periods, the loop's host work, the input pipeline, tracing under Horovod) is
+learned from finished runs (:mod:`pipelines.runlog`).  ``python -m pipelines reference-runs --pool
+POOL`` runs the whole pipeline (preload, estimate, train, analyze: the same commands as the DAG) on
+generated data for a couple of models that are not the user's, so the first real run of any model
+on the pool is already predicted with the pool's corrections.  The profile_pool DAG runs it after
+the sweeps on a local pool.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from pipelines.errors import StageError
+from pipelines.stages import last_json_object
+
+# Models of their own (not in the sweep's family), on the generated 28x28x1 shapes.
+REFERENCE_MODELS: tuple[tuple[str, dict[str, Any]], ...] = (
+    ("conv_net", {"filters": [12, 24], "dense": [48]}),
+    ("tiny_mlp", {"hidden": [192, 96]}),
+)
+STAGES = ("preload", "estimate", "train", "analyze")
+
+
+def run_pipeline(spec: dict[str, Any], run_dir: Path, *, run_id: str, dag_id: str = "reference",
+                 stages: tuple[str, ...] = STAGES, timeout_s: float = 1800.0) -> dict[str, dict[str, Any]]:
+    """Run ``stages`` of the pipeline with ``spec`` into ``run_dir``, one ``python -m pipelines``
+    process each, as the DAG's tasks do; returns each stage's result.  A failed stage raises
+    StageError with its last lines."""
+    results: dict[str, dict[str, Any]] = {}
+    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"}
+    for stage in stages:
+        cmd = [sys.executable, "-m", "pipelines", stage, "--spec", json.dumps(spec), "--run-dir", str(run_dir),
+               "--dag-id", dag_id, "--run-id", run_id]
+        proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=timeout_s)
+        result = last_json_object(proc.stdout.splitlines())
+        if proc.returncode != 0 or result is None:
+            tail = "\n".join((proc.stderr or proc.stdout).strip().splitlines()[-6:])
+            raise StageError(f"{stage} of {run_id} failed (exit {proc.returncode}): {tail}")
+        results[stage] = result
+    return results
+
+
+def job_spec(data: str, pool: str, workdir: Path, bank: str, model: str, kwargs: dict[str, Any], *,
+             global_batch: int = 128, epochs: int = 2, calibrate: str = "never") -> dict[str, Any]:
+    """A job spec for a reference (or benchmark) run on the generated shapes."""
+    return {
+        "dataset": {"uri": data, "feature_shape": [28, 28, 1], "num_classes": 10},
+        "model": {"name": model, "kwargs": kwargs},
+        "training": {"epochs": epochs, "global_batch": global_batch, "learning_rate": 0.05},
+        "pool": pool,
+        "launcher": "local",
+        "artifact_root": str(workdir / "artifacts"),
+        "estimate": {"profile_bank": bank, "calibrate": calibrate},
+    }
+
+
+def reference_runs(pool: str, bank: str, workdir: str | os.PathLike, *, rows_per_day: int = 1500, days: int = 2,
+                   models: tuple[tuple[str, dict[str, Any]], ...] = REFERENCE_MODELS) -> dict[str, Any]:
+    """Run the reference models on ``pool`` and record them in ``bank``; returns each run's
+    predicted and actual training time."""
+    from pipelines.data.sample import generate
+
+    root = Path(workdir)
+    data = root / "data"
+    if not data.is_dir():
+        generate(str(data), rows_per_day=rows_per_day, days=days)
+    started, runs = time.time(), []
+    for i, (model, kwargs) in enumerate(models):
+        run_id = f"{model}-{i}-{int(time.time())}"
+        spec = job_spec(str(data), str(Path(pool).resolve()), root, bank, model, kwargs)
+        results = run_pipeline(spec, root / "runs" / run_id, run_id=run_id)
+        analyze = results["analyze"]
+        runs.append({"model": model, "kwargs": kwargs, "predicted_s": analyze["predicted_total_s"],
+                     "actual_s": analyze["actual_train_s"], "error": analyze["prediction_error"],
+                     "recorded": bool((analyze.get("estimator") or {}).get("recorded"))})
+    return {"bank": bank, "runs": runs, "seconds": round(time.time() - started, 1)}

@@ -1,0 +1,77 @@
+"""The profiling sweep, the allreduce probe and the bank's fit, as real processes (docs/ARCHITECTURE.md,
+"The learned estimator")."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[3]
+POOL = {"device_types": [
+    {"name": "fast", "count": 1, "memory_gb": 4, "power_watts": 65, "cost_per_hour": 0.1, "local": {"cpus": [1], "cpu_share": 1.0}},
+    {"name": "slow", "count": 1, "memory_gb": 4, "power_watts": 30, "cost_per_hour": 0.04, "local": {"cpus": [0], "cpu_share": 0.4}},
+]}
+
+
+def cli(*args: str, timeout: float = 300) -> tuple[int, dict | None, str]:
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "TF_CPP_MIN_LOG_LEVEL": "2"}
+    proc = subprocess.run([sys.executable, "-m", "pipelines", *args], capture_output=True, text=True, env=env,
+                          timeout=timeout, cwd=ROOT)
+    lines = proc.stdout.strip().splitlines()
+    return proc.returncode, (json.loads(lines[-1]) if proc.returncode == 0 and lines else None), proc.stderr
+
+
+def test_a_tiny_sweep_on_the_slow_device_writes_measured_rows_and_fits(tmp_path):
+    from pipelines.profilebank import ProfileBank, device_key
+    from pipelines.spec import load_pool
+
+    pool = tmp_path / "pool.json"
+    pool.write_text(json.dumps(POOL))
+    bank = str(tmp_path / "bank")
+    rc, result, err = cli("profile", "--pool", str(pool), "--device", "slow", "--size", "tiny", "--bank", bank)
+    assert rc == 0, err
+    assert (result["device"], result["models"], result["rows"]) == ("slow", 3, 6)
+    rows = ProfileBank(bank).steps()
+    assert len(rows) == 6 and {r["kind"] for r in rows} == {"sweep"}
+    assert {r["device_key"] for r in rows} == {device_key(load_pool(POOL).get("slow"), "local")}
+    for r in rows:
+        assert r["step_s"] > 0 and r["peak_memory_bytes"] > 0 and r["threads"] == 1 and r["cpu_share"] == 0.4
+    by_model: dict[str, list[dict]] = {}
+    for r in rows:
+        by_model.setdefault(r["model"], []).append(r)
+    for measured in by_model.values():
+        small, large = sorted(measured, key=lambda r: r["batch"])
+        assert small["first_step_s"] > small["step_s"] and large["first_step_s"] is None  # traced once, on the first batch
+        assert large["step_s"] > small["step_s"]  # 4x the samples
+        assert large["peak_memory_bytes"] >= 0.9 * small["peak_memory_bytes"]
+    rc, report, err = cli("fit-bank", "--bank", bank)
+    assert rc == 0, err
+    slow = report["device_types"]["slow"]
+    assert slow["rows"] == 6 and slow["models"] == 3 and slow["step_cv_mape"] is not None and slow["memory_model"]
+
+
+def test_profile_refuses_an_unknown_device_type_before_starting(tmp_path):
+    pool = tmp_path / "pool.json"
+    pool.write_text(json.dumps(POOL))
+    rc, _, err = cli("profile", "--pool", str(pool), "--device", "tpu", "--bank", str(tmp_path / "bank"))
+    assert rc == 2 and "device type 'tpu' is not in the pool (have ['fast', 'slow'])" in err
+    rc, _, err = cli("profile", "--pool", str(pool), "--device", "fast", "--size", "huge", "--bank", str(tmp_path / "bank"))
+    assert rc == 2 and "sweep size 'huge' is not one of" in err
+    assert not (tmp_path / "bank").exists()
+
+
+def test_the_allreduce_probe_stores_the_pools_link(tmp_path):
+    from pipelines.profilebank import ProfileBank, pool_key
+    from pipelines.spec import load_pool
+
+    pool = tmp_path / "pool.json"
+    pool.write_text(json.dumps(POOL))
+    rc, result, err = cli("probe-allreduce", "--pool", str(pool), "--bank", str(tmp_path / "bank"))
+    assert rc == 0, err
+    assert result["ranks"] == 2 and len(result["seconds"]) == len(result["sizes"])
+    assert result["seconds"][-1] > result["seconds"][0]  # 8 MB takes longer than 4 KB
+    link = ProfileBank(str(tmp_path / "bank")).link(pool_key(load_pool(POOL), "local"))
+    assert link["latency_s"] > 0 and link["bandwidth_bps"] > 0
