@@ -4,6 +4,8 @@ The command is exactly what a pod runs (:func:`pipelines.stages.stage_command`) 
 environment's Python, the pool and its profiles carried inline (:func:`carried_inputs`).  Its output is streamed line by line into the task log; a non-zero exit
 fails the task with the stage's own ``ERROR:`` lines; the last line (a JSON document) becomes
 the task's XCom.  If the task is killed, the stage's whole process group is stopped.
+:class:`LocalCommand` does the same for any command of the trainer environment (the profiling
+sweep's, ``hetero.profiling``).
 """
 
 from __future__ import annotations
