@@ -58,6 +58,22 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--days", type=int, default=3, help="number of daily partitions (default: %(default)s)")
     g.add_argument("--start", default="2026-01-01", help="first day YYYY-MM-DD (default: %(default)s)")
     g.add_argument("--seed", type=int, default=0, help="random seed (default: %(default)s)")
+    pr = sub.add_parser("profile", help="profiling sweep: time the model family on one device type of a local pool "
+                        "(pinned and capped as the type) into the profile bank")
+    pr.add_argument("--pool", required=True, help="pool: YAML/JSON file or inline JSON")
+    pr.add_argument("--device", required=True, help="device type name")
+    pr.add_argument("--size", default="small", help="sweep size: tiny, small, medium or large (default: %(default)s)")
+    pr.add_argument("--bank", help="profile bank URI (default: <artifact root>/_profiles)")
+    pr.add_argument("--artifact-root", default="artifacts", help="default bank location (default: %(default)s)")
+    pr.add_argument("--source", help="the sweep's id recorded in its rows (default: a new one)")
+    fb = sub.add_parser("fit-bank", help="fit the per-device-type regressions of the profile bank and report them")
+    fb.add_argument("--bank", help="profile bank URI (default: <artifact root>/_profiles)")
+    fb.add_argument("--artifact-root", default="artifacts", help="default bank location (default: %(default)s)")
+    fb.add_argument("--out", help="also write the report to this JSON file")
+    pa = sub.add_parser("probe-allreduce", help="measure a local pool's allreduce latency and bandwidth into the profile bank")
+    pa.add_argument("--pool", required=True, help="pool: YAML/JSON file or inline JSON")
+    pa.add_argument("--bank", help="profile bank URI (default: <artifact root>/_profiles)")
+    pa.add_argument("--artifact-root", default="artifacts", help="default bank location (default: %(default)s)")
     r = sub.add_parser("render", help="write the Kubernetes manifests a job would create, without a cluster")
     r.add_argument("--spec", required=True)
     r.add_argument("--pool", help="pool file (default: the spec's)")
@@ -119,6 +135,27 @@ def run_stage(args: argparse.Namespace) -> dict:
     return result
 
 
+def bank_command(args: argparse.Namespace) -> dict:
+    """``profile``, ``fit-bank`` and ``probe-allreduce``: the profile bank's commands."""
+    from pathlib import Path
+
+    bank = args.bank or str(Path(args.artifact_root) / "_profiles")
+    if args.command == "profile":
+        from pipelines.estimate.sweep import profile_device
+
+        return profile_device(args.pool, args.device, bank, args.size, source=args.source)
+    if args.command == "probe-allreduce":
+        from pipelines.estimate.probe import probe_pool
+
+        return probe_pool(args.pool, bank)
+    from pipelines.estimate.regress import bank_report
+
+    report = bank_report(bank)
+    if args.out:
+        write_json(args.out, report)
+    return report
+
+
 def main(argv: list[str] | None = None) -> int:
     die_with_parent()  # run by an Airflow task: end (and stop the ranks) when the task process dies
     args = build_parser().parse_args(argv)
@@ -132,6 +169,8 @@ def main(argv: list[str] | None = None) -> int:
             from pipelines.data.sample import generate
 
             result = generate(args.out, rows_per_day=args.rows_per_day, days=args.days, start=args.start, seed=args.seed)
+        elif args.command in ("profile", "fit-bank", "probe-allreduce"):
+            result = bank_command(args)
         elif args.command == "render":
             from pipelines.launch.render import render_cli
 

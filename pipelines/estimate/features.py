@@ -84,14 +84,18 @@ def model_features(model: Any) -> dict[str, Any]:
     params = int(model.count_params())
     trainable = int(sum(int(np.prod(w.shape)) for w in model.trainable_weights))
     input_size = _size(model.input_shape)
-    flops = 0
+    flops = conv_flops = dense_flops = 0
     activations = input_size
     conv_filters: list[int] = []
     dense_units: list[int] = []
     for layer in leaves:
         if layer.__class__.__name__ == "InputLayer":
             continue
-        flops += layer_flops(layer)
+        f = layer_flops(layer)
+        flops += f
+        kind = layer.__class__.__name__
+        conv_flops += f if kind in {"Conv1D", "Conv2D", "Conv3D", "DepthwiseConv2D"} else 0
+        dense_flops += f if kind == "Dense" else 0
         activations += _size(layer.output_shape)
         if layer.__class__.__name__ in {"Conv1D", "Conv2D", "Conv3D"}:
             conv_filters.append(int(layer.filters))
@@ -109,5 +113,8 @@ def model_features(model: Any) -> dict[str, Any]:
         "output_size": int(_size(model.output_shape)),
         "flops_per_sample": int(flops),
         "train_flops_per_sample": int(TRAIN_FLOPS_FACTOR * flops),
+        "conv_flops_per_sample": int(TRAIN_FLOPS_FACTOR * conv_flops),  # training FLOPs of conv layers
+        "dense_flops_per_sample": int(TRAIN_FLOPS_FACTOR * dense_flops),  # training FLOPs of dense layers
         "activation_bytes_per_sample": int(activations * BYTES_PER_FLOAT),
     }
+

@@ -15,6 +15,7 @@ from pipelines.errors import StageError
 EXAMPLES: dict[str, str] = {
     "small_cnn": "pipelines.models.examples:small_cnn",
     "tiny_mlp": "pipelines.models.examples:tiny_mlp",
+    "conv_net": "pipelines.models.examples:conv_net",
 }
 
 

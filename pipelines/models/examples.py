@@ -28,3 +28,20 @@ def tiny_mlp(input_shape=(28, 28, 1), num_classes=10, hidden=(64,)):
     layers += [tf.keras.layers.Dense(h, activation="relu") for h in hidden]
     layers.append(tf.keras.layers.Dense(num_classes))
     return tf.keras.Sequential(layers, name="tiny_mlp")
+
+
+def conv_net(input_shape=(28, 28, 1), num_classes=10, filters=(16, 32), dense=(64,)):
+    """Conv blocks (3x3 conv, ReLU, 2x2 max pooling) then dense layers: the CNNs of the profiling
+    sweep's model family (pipelines.estimate.family), usable as a model of its own too."""
+    import tensorflow as tf
+
+    layers, side = [tf.keras.layers.Input(shape=input_shape)], min(input_shape[:2])
+    for f in filters:
+        layers.append(tf.keras.layers.Conv2D(int(f), 3, padding="same", activation="relu"))
+        if side >= 2:  # pool while there is something to pool
+            layers.append(tf.keras.layers.MaxPooling2D())
+            side //= 2
+    layers.append(tf.keras.layers.Flatten())
+    layers += [tf.keras.layers.Dense(int(u), activation="relu") for u in dense]
+    layers.append(tf.keras.layers.Dense(num_classes))
+    return tf.keras.Sequential(layers, name="conv_net")

@@ -1,0 +1,245 @@
+"""The profiling sweep: time the model family (pipelines.estimate.family) on one device of a type and
+add every measurement to the profile bank (docs/ARCHITECTURE.md, "The learned estimator").
+
+Two commands:
+
+* the device-side child, what runs on the device (a local process placed in the type's cores and
+  quota, or a pod with the type's resources)::
+
+      python -m pipelines.estimate.sweep --pool POOL --device NAME --launcher local --size small --bank URI
+
+* ``python -m pipelines profile --pool POOL --device NAME`` (:func:`profile_device`): locally,
+  starts the child pinned and capped as the device type, like a rank.
+
+For each model and batch the child records the mean training step (forward, backward, apply)
+over a window of several CFS periods, the first call (tracing included), and the peak memory:
+on a GPU the device's peak (``tf.config.experimental.get_memory_info``), on a CPU the process's
+peak resident memory (``VmHWM``, reset through ``/proc/self/clear_refs`` before each batch)
+above its resident memory before the model was built.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import gc
+import json
+import logging
+import os
+import re
+import sys
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+from pipelines.errors import EXIT_BAD_INPUT, EXIT_FAILED, StageError
+from pipelines.estimate import family as fam
+from pipelines.launch.rendezvous import ENV_THREADS
+
+log = logging.getLogger("pipelines.estimate.sweep")
+
+# glibc returns freed blocks above this size to the system at once, so resident memory follows the
+# live tensors instead of the allocator's cache (set before TensorFlow starts: the child re-executes).
+MALLOC_ENV = {"MALLOC_MMAP_THRESHOLD_": "65536", "MALLOC_TRIM_THRESHOLD_": "131072", "MALLOC_ARENA_MAX": "2"}
+
+
+def _status_kb(field: str) -> int | None:
+    try:
+        m = re.search(rf"^{field}:\s+(\d+) kB", Path("/proc/self/status").read_text(), re.M)
+    except OSError:
+        return None
+    return int(m[1]) if m else None
+
+
+class MemoryMeter:
+    """Peak memory of what runs between :meth:`start` and :meth:`peak` (see the module docstring)."""
+
+    def __init__(self, tf: Any):
+        self.tf = tf
+        self.gpu = bool(tf.config.list_physical_devices("GPU"))
+        self.base = 0
+
+    def idle(self) -> None:
+        """Free what earlier models left and take the resident memory as the baseline."""
+        self.tf.keras.backend.clear_session()
+        gc.collect()
+        try:
+            ctypes.CDLL("libc.so.6").malloc_trim(0)
+        except (OSError, AttributeError):
+            pass
+        self.base = 0 if self.gpu else (_status_kb("VmRSS") or 0) * 1024
+
+    def start(self) -> None:
+        if self.gpu:
+            self.tf.config.experimental.reset_memory_stats("GPU:0")
+            return
+        try:
+            Path("/proc/self/clear_refs").write_text("5")  # VmHWM := VmRSS
+        except OSError:
+            pass
+
+    def peak(self) -> float | None:
+        if self.gpu:
+            return float(self.tf.config.experimental.get_memory_info("GPU:0")["peak"])
+        hwm = _status_kb("VmHWM")
+        return None if hwm is None else max(0.0, hwm * 1024.0 - self.base)
+
+
+def measure_model(tf: Any, member: dict[str, Any], batches: tuple[int, ...], seconds: float,
+                  optimizer: str, meter: MemoryMeter, seed: int = 0) -> tuple[dict, list[dict]]:
+    """Build one family member, then time ``batches``: returns its features and one measurement
+    per batch ({batch, step_s, first_step_s, peak_memory_bytes})."""
+    import numpy as np
+
+    from pipelines.estimate.features import model_features
+    from pipelines.models import build_model
+    from pipelines.step import make_optimizer
+
+    meter.idle()
+    tf.keras.utils.set_random_seed(seed)
+    model = build_model(member["model"], tuple(member["input_shape"]), fam.NUM_CLASSES, member["kwargs"])
+    features = model_features(model)
+    opt = make_optimizer(optimizer, 1e-3)
+    loss_fn = tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+
+    @tf.function(input_signature=[tf.TensorSpec([None, *member["input_shape"]], tf.float32), tf.TensorSpec([None], tf.int32)])
+    def step(x, y):
+        with tf.GradientTape() as tape:
+            loss = loss_fn(y, model(x, training=True))
+        grads = tape.gradient(loss, model.trainable_variables)
+        opt.apply_gradients(zip(grads, model.trainable_variables))
+        return loss
+
+    rng, out = np.random.default_rng(seed), []
+    for i, b in enumerate(batches):
+        x = tf.constant(rng.standard_normal((b, *member["input_shape"])).astype("float32"))
+        y = tf.constant(rng.integers(0, fam.NUM_CLASSES, b).astype("int32"))
+        meter.start()
+        t0 = time.perf_counter()
+        step(x, y).numpy()
+        first = time.perf_counter() - t0
+        step(x, y).numpy()  # untimed warm-up
+        n, t0 = 0, time.perf_counter()
+        while n < 3 or time.perf_counter() - t0 < seconds:
+            step(x, y).numpy()  # .numpy() waits for the step
+            n += 1
+        out.append({"batch": int(b), "step_s": (time.perf_counter() - t0) / n,
+                    "first_step_s": first if i == 0 else None, "peak_memory_bytes": meter.peak()})
+    return features, out
+
+
+def run_sweep(pool: Any, device: str, launcher: str, bank_uri: str, size: str, *, source: str,
+              optimizer: str = "sgd", threads: int | None = None) -> dict[str, Any]:
+    """Time the family of ``size`` here, as device type ``device`` of ``pool``; add the rows to the
+    bank one model at a time (a killed sweep keeps what it measured).  Returns the command's result."""
+    import tensorflow as tf
+
+    from pipelines.profilebank import ProfileBank, bank_features, device_key, features_key, now
+
+    dev = pool.get(device)
+    bank = ProfileBank(bank_uri)
+    key = device_key(dev, launcher)
+    meter, started, rows = MemoryMeter(tf), time.time(), 0
+    members = fam.family(size)
+    # Unrecorded: the first model also loads TensorFlow's kernels and thread pools, which would
+    # count as its memory and its tracing.
+    measure_model(tf, members[0], fam.batches(size)[:1], 0.05, optimizer, meter)
+    for member in members:
+        features, measured = measure_model(tf, member, fam.batches(size), fam.seconds(size), optimizer, meter)
+        common = {"device": device, "device_key": key, "model": member["id"], "model_key": features_key(features, optimizer),
+                  "optimizer": optimizer, **bank_features(features), "threads": threads, "cpu_share": dev.local.cpu_share
+                  if launcher == "local" else None, "kind": "sweep", "source": source, "recorded_at": now()}
+        bank.append("steps", [{**common, **m} for m in measured])
+        rows += len(measured)
+        log.info("%s on %s: %s", member["id"], device, [(m["batch"], round(m["step_s"] * 1e3, 2)) for m in measured])
+    return {"device": device, "rows": rows, "models": len(members), "bank": bank.uri,
+            "seconds": round(time.time() - started, 2), "source": source, "size": size}
+
+
+def sweep_command(pool: str, device: str, launcher: str, bank: str, size: str, source: str, threads: int,
+                  python: str = "python") -> list[str]:
+    """The device-side child's command, the same for a local process and a profiling pod."""
+    return [python, "-m", "pipelines.estimate.sweep", "--pool", pool, "--device", device, "--launcher", launcher,
+            "--bank", bank, "--size", size, "--source", source, "--threads", str(threads)]
+
+
+def profile_device(pool_source: str, device: str, bank: str, size: str, *, source: str | None = None,
+                   timeout_s: float = 3600.0) -> dict[str, Any]:
+    """Locally: run the sweep child for ``device`` pinned and capped as that type; returns its result."""
+    import subprocess
+
+    from pipelines.launch.cgroups import CpuLimiter, threads_for
+    from pipelines.spec import load_pool, read_mapping
+    from pipelines.stages import last_json_object
+
+    pool = load_pool(pool_source)
+    dev = pool.get(device)
+    fam.family(size)  # an unknown size fails here, before any process starts
+    source = source or f"sweep-{time.strftime('%Y%m%dT%H%M%S')}-{uuid.uuid4().hex[:6]}"
+    threads = threads_for(dev.local.cpu_share, dev.local.cpus)
+    inline = json.dumps(read_mapping(pool_source, "pool")[0])
+    cmd = sweep_command(inline, device, "local", bank, size, source, threads, python=sys.executable)
+    env = {**os.environ, **MALLOC_ENV, ENV_THREADS: str(threads), "TF_CPP_MIN_LOG_LEVEL": "2"}
+    limiter = CpuLimiter(f"profile-{os.getpid()}-{uuid.uuid4().hex[:6]}")
+    try:
+        proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        enforced = limiter.limit(proc.pid, dev.name, dev.local.cpu_share, dev.local.cpus,
+                                 period_us=int(dev.local.cpu_period_ms * 1000))
+        try:
+            output, _ = proc.communicate(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.communicate()
+            raise StageError(f"profiling device type {device!r} took longer than {timeout_s:.0f} s") from None
+    finally:
+        limiter.cleanup()
+    for line in output.strip().splitlines()[-40:]:
+        log.info("[%s] %s", device, line)
+    result = last_json_object(output.splitlines())
+    if proc.returncode != 0 or result is None:
+        tail = "\n".join(output.strip().splitlines()[-5:])
+        raise StageError(f"profiling device type {device!r} failed (exit {proc.returncode}): {tail}")
+    return {**result, "quota_enforced": bool(enforced), "cpu_share": dev.local.cpu_share, "threads": threads}
+
+
+def main(argv: list[str] | None = None) -> int:
+    """The device-side child (see the module docstring); prints its result as the last line."""
+    p = argparse.ArgumentParser(prog="python -m pipelines.estimate.sweep", description=__doc__.splitlines()[0])
+    p.add_argument("--pool", required=True, help="pool: YAML/JSON file or inline JSON")
+    p.add_argument("--device", required=True, help="the device type this process runs as")
+    p.add_argument("--launcher", choices=("local", "kubernetes"), default="local")
+    p.add_argument("--bank", required=True, help="profile bank URI")
+    p.add_argument("--size", default="small", help=f"sweep size, one of {list(fam.SIZES)} (default: %(default)s)")
+    p.add_argument("--source", default=None, help="the sweep's id, recorded in every row")
+    p.add_argument("--optimizer", choices=("sgd", "adam"), default="sgd")
+    p.add_argument("--threads", type=int, default=int(os.environ.get(ENV_THREADS, "0")))
+    args = p.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+    if any(os.environ.get(k) != v for k, v in MALLOC_ENV.items()):  # before TensorFlow allocates anything
+        os.execve(sys.executable, [sys.executable, "-m", "pipelines.estimate.sweep", *(argv or sys.argv[1:])],
+                  {**os.environ, **MALLOC_ENV})
+    from pipelines.estimate.profile import _set_threads
+    from pipelines.spec import SpecError, load_pool
+
+    try:
+        pool = load_pool(args.pool)
+        pool.get(args.device)
+        fam.family(args.size)
+    except (SpecError, StageError) as e:
+        print(f"ERROR: {e}", file=sys.stderr, flush=True)
+        return EXIT_BAD_INPUT
+    _set_threads(args.threads)
+    source = args.source or f"sweep-{time.strftime('%Y%m%dT%H%M%S')}-{uuid.uuid4().hex[:6]}"
+    try:
+        result = run_sweep(pool, args.device, args.launcher, args.bank, args.size, source=source,
+                           optimizer=args.optimizer, threads=args.threads or None)
+    except StageError as e:
+        print(f"ERROR: {e}", file=sys.stderr, flush=True)
+        return EXIT_FAILED
+    print(json.dumps(result, sort_keys=True), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
