@@ -55,13 +55,15 @@ def _options(**values: str | int | None) -> list[str]:
 
 
 def sweep_command(
-    device: str, bank: str, size: str, *, threads: int | None = None, source: str | None = None,
-    python: str = "python",
+    pool: str, device: str, launcher: str, bank: str, size: str, source: str, threads: int, python: str = "python"
 ) -> list[str]:
     """The device-side sweep: times the model family on the device it runs on (a profiling pod,
-    or a process the local parent pinned and capped as ``device``) and appends rows to ``bank``."""
-    return [python, "-m", "pipelines.estimate.sweep", "--device", device, "--bank", bank,
-            "--size", check_size(size), *_options(threads=threads, source=source)]  # fmt: skip
+    or a process the local parent pinned and capped as ``device``) and appends rows to ``bank``.
+    ``pool`` (a file or inline JSON) defines ``device``; ``launcher`` says which of its
+    definitions (``local`` or ``kubernetes``) the rows are measured under.  The same list as
+    ``pipelines.estimate.sweep.sweep_command`` (tests/k8s/test_profile_pods.py checks it)."""
+    return [python, "-m", "pipelines.estimate.sweep", "--pool", pool, "--device", device, "--launcher", launcher,
+            "--bank", bank, "--size", check_size(size), "--source", source, "--threads", str(threads)]
 
 
 def profile_command(

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import json
 import math
 import posixpath
 import re
@@ -47,7 +48,7 @@ from pipelines.launch.rendezvous import (
     pod_slots,
 )
 from pipelines.plan import check_plan
-from pipelines.profiling import fit_bank_command, sweep_command
+from pipelines.profiling import fit_bank_command, sweep_command, sweep_source
 from pipelines.rundir import safe_component
 from pipelines.spec import DeviceType, JobSpec, PoolSpec, SpecError, check_kubernetes
 from pipelines.stages import StageContext, calibration_command, rank_command, stage_command
@@ -596,8 +597,8 @@ def profile_pod_manifest(
 ) -> dict[str, Any]:
     """The pod that sweeps the profiling model family on one device type of ``pool`` (one mapped
     task of the ``profile_pool`` DAG): the type's resources, node selector, tolerations and
-    affinity, running :func:`pipelines.profiling.sweep_command`, which appends its rows to the
-    profile bank (``spec.profile_bank_uri()``: under the artifact volume, or a bucket reached with
+    affinity, running :func:`pipelines.profiling.sweep_command` with that device type inline, which
+    appends its rows to the profile bank (``spec.profile_bank_uri()``: under the artifact volume, or a bucket reached with
     the Secret's credentials) and prints its result as its last log line.
 
     ``identity`` is the mapped task try's (its map index makes each device type's pod a job of its
@@ -606,7 +607,10 @@ def profile_pod_manifest(
     check_kubernetes(spec, pool)
     dev = pool.get(device)
     threads = cpu_threads(dev.kubernetes.resources)
-    command = sweep_command(dev.name, spec.profile_bank_uri(), size, threads=threads, source=source)
+    # The pod cannot read the Airflow side's pool file: its device type goes inline.
+    inline = json.dumps({"device_types": [dev.model_dump(mode="json")]}, sort_keys=True)
+    source = source or sweep_source(identity.dag_id, identity.run_id)
+    command = sweep_command(inline, dev.name, "kubernetes", spec.profile_bank_uri(), size, source, threads)
     env = {**_base_env(threads), ENV_DEVICE: dev.name, ENV_SHARE: str(cpu_cores(dev.kubernetes.resources))}
     labels = {**identity.labels("profile"), "rank": "0", "device_type": dev.name}
     name = f"prof-{identity.job_key[:8]}-{dev.name}-t{identity.try_number}"

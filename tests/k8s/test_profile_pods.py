@@ -49,8 +49,10 @@ def test_one_sweep_pod_per_device_type_with_its_resources_placement_and_the_swee
         assert pod["spec"]["tolerations"] == device.kubernetes.tolerations
         assert pod["spec"].get("affinity", {}) == device.kubernetes.affinity
         threads = k8s.cpu_threads(device.kubernetes.resources)
-        assert c["command"] == sweep_command(device.name, "/mnt/artifacts/_profiles", "tiny", threads=threads,
-                                             source=SOURCE)
+        inline = json.dumps({"device_types": [device.model_dump(mode="json")]}, sort_keys=True)  # the pod's own type
+        assert c["command"] == sweep_command(inline, device.name, "kubernetes", "/mnt/artifacts/_profiles", "tiny",
+                                             SOURCE, threads)
+        assert load_pool(c["command"][4]).get(device.name) == device
         assert c["command"][:3] == ["python", "-m", "pipelines.estimate.sweep"]
         assert c["image"] == "hetero-pipelines-trainer:0.1.0-gpu"  # these types request GPUs
         env = {e["name"]: e["value"] for e in c["env"]}
@@ -66,6 +68,17 @@ def test_one_sweep_pod_per_device_type_with_its_resources_placement_and_the_swee
         k8s.profile_pod_manifest(spec, pool, "h100", sweep_identity(0), size="tiny")
     with pytest.raises(SpecError, match=r"size: 'huge' is not a sweep size"):
         k8s.profile_pod_manifest(spec, pool, "t4", sweep_identity(0), size="huge")
+
+
+def test_the_pods_run_the_sweeps_own_command_line():
+    """pipelines.profiling (light: the Airflow side and the manifests) builds the same command as
+    the sweep itself documents (pipelines.estimate.sweep), and knows the same sizes."""
+    from pipelines.estimate import family, sweep
+    from pipelines.profiling import SIZES
+
+    args = ("{}", "t4", "kubernetes", "s3://banks/gpu", "small", SOURCE, 4)
+    assert sweep_command(*args) == sweep.sweep_command(*args)
+    assert SIZES == tuple(family.SIZES)
 
 
 def test_the_fit_pod_fits_the_bank_with_the_stage_pods_resources(spec_doc):
@@ -96,8 +109,9 @@ def test_render_writes_the_profiling_pods_without_a_cluster(tmp_path, spec_doc, 
         assert restricted_violations(pod) == []
     v100 = yaml.safe_load((out / "profile-v100.yaml").read_text())
     assert v100 == render_profile_pods(spec_doc, size="medium", dag_id="profile_pool", run_id=RUN_ID)["profile-v100.yaml"]
-    assert v100["metadata"]["labels"]["map_index"] == "1" and "--size" in v100["spec"]["containers"][0]["command"]
-    assert v100["spec"]["containers"][0]["command"][-1] == SOURCE
+    command = v100["spec"]["containers"][0]["command"]
+    assert v100["metadata"]["labels"]["map_index"] == "1"
+    assert command[command.index("--size") + 1] == "medium" and command[command.index("--source") + 1] == SOURCE
     assert main([*argv[:-2], "--size", "huge", "--out", str(tmp_path / "bad")]) == 2
     assert "size: 'huge' is not a sweep size" in capsys.readouterr().err
 
