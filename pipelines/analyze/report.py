@@ -431,6 +431,41 @@ def _timing(train: dict, estimate: dict | None, metrics: dict) -> str:
     return "".join(parts)
 
 
+def _timing_parts(estimate: dict | None, learned: dict | None) -> str:
+    """The run time part by part (predicted, with the correction learned from earlier runs, and
+    actual), where each device type's step time came from, and the errors of earlier runs of the
+    same model on the same pool."""
+    plan = (estimate or {}).get("plan") or {}
+    timing, parts = plan.get("timing") or {}, (learned or {}).get("parts")
+    if not timing:
+        return _missing("The plan has no part-by-part prediction (an older estimate).")
+    out = ["<h3>Part by part</h3>"]
+    corrections = timing.get("corrections") or {}
+    rows = []
+    for name, predicted in timing["parts"].items():
+        actual = (parts or {}).get(name, {}).get("actual")
+        factor = corrections.get("other_s" if name == "other" else name)
+        rows.append((name, _num(predicted), _num(actual) if actual is not None else "not measured",
+                     "" if factor is None else (f"{_num(factor)} s from earlier runs" if name == "other" else f"× {_num(factor)}")))
+    out.append(_table(["Part", "Predicted (s)", "Actual (s)", "Learned correction"], rows))
+    if corrections.get("runs"):
+        out.append(f"<p>Corrections learned from the latest {_num(corrections['runs'])} run(s) on this pool.</p>")
+    else:
+        out.append("<p>No earlier run on this pool: the parts are the bank's prediction alone.</p>")
+    if learned and not learned.get("recorded"):
+        out.append(f"<p>This run was not added to the profile bank: {_e(str(learned.get('why_not')))}.</p>")
+    profiles = (estimate or {}).get("profiles") or {}
+    out.append(_table(["Device type", "Step time from", "Fixed (ms)", "Per sample (µs)", "Max batch"],
+                      [(name, _e(str(p.get("source", ""))), _num(1e3 * p["fixed_s"]), _num(1e6 * p["per_sample_s"]),
+                        _num(p.get("max_batch"))) for name, p in profiles.items()]))
+    earlier = (learned or {}).get("earlier") or []
+    if earlier:
+        out.append("<h3>Earlier runs of this model on this pool</h3>")
+        out.append(_table(["Run", "Predicted (s)", "Actual (s)", "Error"],
+                          [(_e(r["run"]), _num(r["predicted_s"]), _num(r["actual_s"]), _Raw(_pct(r["error"]))) for r in earlier]))
+    return "".join(out)
+
+
 def _lr_fits(ax, lr_search: dict) -> None:
     """The range test's polynomial fit over the points it was fitted to, and its logarithmic fit
     over the range, when the result carries them."""
@@ -571,6 +606,7 @@ def build_report(
     lr_search: dict | None = None,
     preload: dict | None = None,
     comparison: dict | None = None,
+    learned: dict | None = None,
     title: str = "Training report",
 ) -> str:
     """The HTML report (one self-contained string).
@@ -591,7 +627,7 @@ def build_report(
         "Per-rank throughput and waiting": _per_rank(train, scalars),
         "Balance efficiency": _balance(scalars, metrics),
         "Re-balance events": _rebalances(train),
-        "Predicted vs actual run time": _timing(train, estimate, metrics),
+        "Predicted vs actual run time": _timing(train, estimate, metrics) + _timing_parts(estimate, learned),
         "Learning-rate range test": _lr_test(lr_search),
         "Held-out evaluation": _evaluation(evaluation, (preload or {}).get("class_counts")),
         "Model versions": _versions(comparison),

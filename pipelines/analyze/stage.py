@@ -22,7 +22,7 @@ __all__ = ["REPORT_VERSION", "run", "derived_metrics"]
 
 log = logging.getLogger(__name__)
 
-REPORT_VERSION = 3  # bump when the report or metrics change, so completed runs are redone
+REPORT_VERSION = 4  # bump when the report or metrics change, so completed runs are redone
 
 
 def _optional_result(run_dir: RunDir, stage: str) -> dict | None:
@@ -76,6 +76,26 @@ def _promoted(spec: JobSpec) -> dict | None:
     from pipelines.modelstore import ModelStore
 
     return ModelStore(spec.model_store_uri()).promoted(spec.model_store_name())
+
+
+def _learn(spec: JobSpec, estimate: dict | None, run_dir: RunDir, ctx: StageContext, train_key: str) -> dict | None:
+    """Teach the estimator this run (pipelines.runlog.record_run); None when there is no estimate
+    to compare with.  A bank that cannot be written is logged, not fatal: the model is trained."""
+    import json
+
+    from pipelines.errors import StageError
+    from pipelines.runlog import record_run
+
+    summary_path = run_dir.root / "train" / "summary.json"
+    if not estimate or "pool_key" not in estimate or not summary_path.is_file():
+        return None
+    summary = json.loads(summary_path.read_text())
+    try:
+        return record_run(estimate.get("profile_bank") or spec.profile_bank_uri(), estimate, summary,
+                          f"{ctx.dag_id}/{ctx.run_id}/{train_key}", spec.training.optimizer)
+    except (StageError, OSError) as e:
+        log.warning("could not record this run in the profile bank: %s", e)
+        return {"recorded": False, "why_not": str(e), "earlier": [], "parts": None, "step_rows_added": 0}
 
 
 def _evaluation(spec: JobSpec, preload: dict, train: dict, run_dir: RunDir) -> dict[str, Any]:
@@ -151,6 +171,7 @@ def run(spec: JobSpec, run_dir: RunDir, ctx: StageContext) -> dict[str, Any]:
     scalars, histograms = _events(train, run_dir)
     evaluation = _evaluation(spec, preload, train, run_dir)
     metrics = derived_metrics(train, estimate)
+    learned = _learn(spec, estimate, run_dir, ctx, str(train.get("input_key")))
     out = Path(run_dir.stage("analyze"))
     comparison = compare_versions(spec, preload, evaluation, publish, promoted, out / "promoted")
     html_text = build_report(
@@ -163,6 +184,7 @@ def run(spec: JobSpec, run_dir: RunDir, ctx: StageContext) -> dict[str, Any]:
         lr_search=lr_search,
         preload=preload,
         comparison=comparison,
+        learned=learned,
         title=f"Training report: {ctx.dag_id} / {ctx.run_id}",
     )
     report_path = write_text(out / "report.html", html_text)
@@ -176,5 +198,6 @@ def run(spec: JobSpec, run_dir: RunDir, ctx: StageContext) -> dict[str, Any]:
         "per_class_accuracy": evaluation["per_class_accuracy"],
         **metrics,
         "comparison": comparison,
+        "estimator": learned,
         "input_key": key,
     }

@@ -1,17 +1,22 @@
-"""The ``estimate`` stage: model features, per-device step-time profiles, and the plan.
+"""The ``estimate`` stage: the model's features, each device type's step time and memory predicted
+from the profile bank, and the plan with its run time part by part (docs/ARCHITECTURE.md, "The
+learned estimator").
 
-Inputs: the job spec, the pool file, ``preload/result.json`` (``rows_train``).  Outputs in
-``estimate/``: ``plan.json`` (the plan alone) and the stage result (docs/ARCHITECTURE.md,
-"Stages and their contracts").
+Inputs: the job spec, the pool file, ``preload/result.json`` (``rows_train``), the profile bank
+(``estimate.profile_bank``).  Outputs in ``estimate/``: ``plan.json`` (the plan alone) and the
+stage result (docs/ARCHITECTURE.md, "Stages and their contracts").
 
-Profiles come from calibration processes for ``launcher: local`` (one per device type, pinned and
-capped like its ranks).  For ``launcher: kubernetes`` they come from calibration pods, one per
-device type with that type's resources and placement, started in parallel by the Airflow task
-before this stage (``hetero.kubernetes_calibration``); each writes
-``estimate/calibration/profile-<device>.json`` into the run directory, as the local processes do.
-A ``<pool stem>.profiles.json`` beside the pool file overrides them (device type name to
-``{"fixed_s": ..., "per_sample_s": ...}``, and ``"model"``: the model it was measured for, checked
-against the job's).
+Profiles are predicted from the bank first: no run is needed for a device type the bank knows.
+``estimate.calibrate`` adds a short timing of the job's own model (``auto``: on the device types
+where the bank has no measurement of this model; ``always``; ``never``): for ``launcher: local``
+one process per device type, pinned and capped like its ranks; for ``launcher: kubernetes`` one
+pod per device type with that type's resources and placement, started in parallel by the Airflow
+task before this stage (``hetero.kubernetes_calibration``), each writing
+``estimate/calibration/profile-<device>.json`` into the run directory.  The measurements go into
+the bank and correct the prediction (:mod:`pipelines.estimate.predict`).  A
+``<pool stem>.profiles.json`` beside the pool file counts as such measurements (device type name
+to ``{"fixed_s": ..., "per_sample_s": ...}``, and ``"model"``: the model it was measured for,
+checked against the job's).
 """
 
 from __future__ import annotations
@@ -24,8 +29,8 @@ from typing import Any
 
 from pipelines.errors import StageError
 from pipelines.estimate.features import model_features
-from pipelines.estimate.planner import LOCAL_BANDWIDTH_BPS, plan
-from pipelines.estimate.profile import calibrate_pool, max_batch, optimizer_slots
+from pipelines.estimate.planner import plan
+from pipelines.estimate.profile import calibrate_pool, optimizer_slots
 from pipelines.rundir import RunDir, input_key, write_json
 from pipelines.spec import JobSpec, PoolSpec, load_pool, pool_profiles_path
 from pipelines.stages import StageContext
@@ -79,7 +84,8 @@ def _file_hash(path: Path) -> str | None:
 def _input_key(spec: JobSpec, pool: PoolSpec, side_profiles: Path, preload: dict, rows_train: int,
                calibration: Path) -> str:
     return input_key(
-        "estimate/1",
+        "estimate/2",
+        spec.estimate.model_dump(),
         spec.model.model_dump(),
         spec.dataset.feature_shape,
         spec.dataset.num_classes,
@@ -88,7 +94,7 @@ def _input_key(spec: JobSpec, pool: PoolSpec, side_profiles: Path, preload: dict
         spec.objective,
         spec.launcher,
         pool.model_dump(),
-        [_file_hash(side_profiles), _calibration_hash(calibration, pool)] if spec.launcher == "kubernetes" else None,
+        [_file_hash(side_profiles), _calibration_hash(calibration, pool)],
         preload.get("input_key"),
         rows_train,
     )
@@ -126,24 +132,71 @@ def pod_profiles(spec: JobSpec, pool: PoolSpec, folder: Path) -> dict[str, dict[
     return found
 
 
-def device_profiles(spec: JobSpec, pool: PoolSpec, side_profiles: Path, out_dir: Path) -> dict[str, dict[str, Any]]:
-    """Step-time profiles per device type: calibrated here for ``launcher: local``; for
-    ``launcher: kubernetes`` the override file beside the pool if there is one, else what the
-    calibration pods measured (a StageError says what is missing)."""
-    if spec.launcher == "local":
-        return calibrate_pool(spec, pool, out_dir / "calibration")
+def measured_profiles(spec: JobSpec, pool: PoolSpec, side_profiles: Path, out_dir: Path,
+                      to_calibrate: list[str]) -> dict[str, dict[str, Any]]:
+    """This run's measurements of the job's model: the override file beside the pool if there is
+    one; else, for ``launcher: local``, a calibration of the device types ``to_calibrate``; for
+    ``launcher: kubernetes``, what the calibration pods wrote (none: an empty dict)."""
     names = [d.name for d in pool.device_types]
     if side_profiles.is_file():
         return load_profiles_file(side_profiles, names, spec.model.name)
-    measured = pod_profiles(spec, pool, out_dir / "calibration")
-    if measured is None:
-        raise StageError(
-            f"launcher 'kubernetes': no step-time profiles of device types {names}: the Airflow task runs one "
-            f"calibration pod per device type before this stage, writing {out_dir / 'calibration'}/profile-<device>.json; "
-            f"run this stage through the DAG, or measure them with `python -m pipelines.estimate.profile` on each "
-            f"device type into {side_profiles}"
-        )
-    return measured
+    if spec.launcher == "local":
+        if not to_calibrate:
+            return {}
+        subset = pool.model_copy(update={"device_types": [d for d in pool.device_types if d.name in to_calibrate]})
+        return calibrate_pool(spec, subset, out_dir / "calibration")
+    return pod_profiles(spec, pool, out_dir / "calibration") or {}
+
+
+def calibration_rows(measured: dict[str, dict[str, Any]], pool: PoolSpec, spec: JobSpec, features: dict[str, Any],
+                     model_key: str, source: str) -> list[dict[str, Any]]:
+    """Bank rows of this run's measurements (a profiles file's affine fit counts at two batches)."""
+    from pipelines.profilebank import bank_features, device_key, now
+
+    rows = []
+    base = {"model": spec.model.name, "model_key": model_key, "optimizer": spec.training.optimizer,
+            **bank_features(features), "kind": "calibration", "source": source, "recorded_at": now(),
+            "first_step_s": None, "peak_memory_bytes": None}
+    for name, profile in measured.items():
+        dev = pool.get(name)
+        points = list(zip(profile.get("batches") or [], profile.get("step_s") or [], strict=False))
+        if not points:  # a profiles file: its line at two batches
+            points = [(b, profile["fixed_s"] + profile["per_sample_s"] * b) for b in (32, 128)]
+        for batch, step_s in points:
+            if step_s > 0:
+                rows.append({**base, "device": name, "device_key": device_key(dev, spec.launcher), "batch": int(batch),
+                             "step_s": float(step_s), "threads": profile.get("threads"),
+                             "cpu_share": dev.local.cpu_share if spec.launcher == "local" else None})
+    return rows
+
+
+def to_calibrate(spec: JobSpec, pool: PoolSpec, rows: list[dict[str, Any]], model_key: str) -> list[str]:
+    """The device types ``estimate.calibrate`` times this model on (see the module docstring)."""
+    from pipelines.profilebank import device_key
+
+    mode = spec.estimate.calibrate
+    if mode == "never":
+        return []
+    known = {r["device_key"] for r in rows if r["model_key"] == model_key}
+    return [d.name for d in pool.device_types if mode == "always" or device_key(d, spec.launcher) not in known]
+
+
+def pool_link(spec: JobSpec, pool: PoolSpec, bank: Any, key: str) -> dict[str, Any]:
+    """The pool's allreduce latency and bandwidth from the bank; a local pool without one is
+    probed now (a few seconds) and stored; a Kubernetes pool without one gets a default, said so."""
+    from pipelines.estimate.runtime import DEFAULT_LINK
+
+    link = bank.link(key)
+    if link is None and spec.launcher == "local" and sum(d.count for d in pool.device_types) > 1:
+        from pipelines.estimate.probe import probe_pool
+
+        log.info("no allreduce measurement of this pool in the bank: probing it")
+        probe_pool(spec.pool, bank.uri)
+        link = bank.link(key)
+    if link is None:
+        return dict(DEFAULT_LINK)
+    return {"latency_s": link["latency_s"], "bandwidth_bps": link["bandwidth_bps"], "measured": True,
+            "source": link["source"]}
 
 
 def _calibration_hash(folder: Path, pool: PoolSpec) -> list[str | None]:
@@ -151,7 +204,12 @@ def _calibration_hash(folder: Path, pool: PoolSpec) -> list[str | None]:
 
 
 def run(spec: JobSpec, run_dir: RunDir, ctx: StageContext) -> dict:
-    """Estimate the model, profile the pool's device types and write the plan."""
+    """Predict every device type from the bank (calibrating where asked), plan, and predict the
+    plan's run time part by part."""
+    from pipelines.estimate.predict import bank_profiles
+    from pipelines.estimate.runtime import learned_corrections, predict_parts
+    from pipelines.profilebank import ProfileBank, device_key, features_key, pool_key
+
     preload = run_dir.read_result("preload")
     rows_train = int(preload["rows_train"])
     pool_path = Path(spec.pool)
@@ -163,15 +221,53 @@ def run(spec: JobSpec, run_dir: RunDir, ctx: StageContext) -> dict:
         return done
     out_dir = run_dir.stage(FOLDER)
     features = _features(spec)
-    profiles = device_profiles(spec, pool, side_profiles, out_dir)
-    bandwidth = LOCAL_BANDWIDTH_BPS  # TODO(lead): a per-pool interconnect bandwidth (kubernetes)
-    slots = optimizer_slots(spec.training.optimizer)
-    for dev in pool.device_types:
-        profiles[dev.name]["max_batch"] = max_batch(
-            dev.memory_gb, features["params"], features["activation_bytes_per_sample"], slots
-        )
+    model_key = features_key(features, spec.training.optimizer)
+    bank = ProfileBank(spec.profile_bank_uri())
+    rows = bank.steps()  # a bad file or row fails here, naming it
+    calibrate = to_calibrate(spec, pool, rows, model_key)
+    measured = measured_profiles(spec, pool, side_profiles, out_dir, calibrate)
+    new_rows = calibration_rows(measured, pool, spec, features, model_key, f"{ctx.dag_id}/{ctx.run_id}")
+    bank.append("steps", new_rows)
+    profiles = bank_profiles(pool, spec.launcher, rows + new_rows, features, model_key, spec.training.optimizer,
+                             pool_path=str(pool_path), bank=bank.uri)
+    for name, m in measured.items():
+        profiles[name]["calibration"] = {k: m.get(k) for k in ("batches", "step_s", "calibration_s", "quota_enforced", "source")}
+    pkey = pool_key(pool, spec.launcher)
+    link = pool_link(spec, pool, bank, pkey)
+    chosen = _plan(spec, pool, profiles, rows_train, features, link)
+    corrections = learned_corrections(bank.runs(), pkey)
+    timing = predict_parts(chosen, profiles, param_bytes=features["param_bytes"],
+                           slots=optimizer_slots(spec.training.optimizer),
+                           checkpoint_every=spec.training.checkpoint_every_steps, corrections=corrections)
+    chosen.update(predicted_loop_s=chosen["predicted_total_s"], predicted_total_s=timing["total_s"], timing=timing)
+    _check_deadline(spec, chosen)
+    write_json(out_dir / "plan.json", chosen)
+    log.info(
+        "plan: %s, global batch %d, %.1f s predicted (%s)",
+        [(r["device"], r["batch"]) for r in chosen["ranks"]], chosen["global_batch"], chosen["predicted_total_s"],
+        ", ".join(f"{k} {v:.2f}" for k, v in timing["parts"].items()),
+    )  # fmt: skip
+    return {
+        "model": {**features, "name": spec.model.name},
+        "model_key": model_key,
+        "profiles": profiles,
+        "calibrated": sorted(measured),
+        "plan": chosen,
+        "plan_path": str(out_dir / "plan.json"),
+        "rows_train": rows_train,
+        "pool": str(pool_path),
+        "pool_key": pkey,
+        "device_keys": {d.name: device_key(d, spec.launcher) for d in pool.device_types},
+        "profile_bank": bank.uri,
+        "link": link,
+        "launcher": spec.launcher,
+        "input_key": key,
+    }
+
+
+def _plan(spec: JobSpec, pool: PoolSpec, profiles: dict, rows_train: int, features: dict, link: dict) -> dict:
     gb = spec.training.global_batch
-    chosen = plan(
+    return plan(
         profiles,
         pool,
         global_batch=None if gb == "auto" else int(gb),
@@ -179,21 +275,17 @@ def run(spec: JobSpec, run_dir: RunDir, ctx: StageContext) -> dict:
         epochs=spec.training.epochs,
         deadline_s=spec.deadline_minutes * 60 if spec.deadline_minutes else None,
         objective=spec.objective,
+        allreduce_s=link["latency_s"],
         param_bytes=features["param_bytes"],
-        bandwidth_bps=bandwidth,
+        bandwidth_bps=link["bandwidth_bps"],
     )
-    write_json(out_dir / "plan.json", chosen)
-    log.info(
-        "plan: %s, global batch %d, %.1f s predicted",
-        [(r["device"], r["batch"]) for r in chosen["ranks"]], chosen["global_batch"], chosen["predicted_total_s"],
-    )  # fmt: skip
-    return {
-        "model": features,
-        "profiles": profiles,
-        "plan": chosen,
-        "plan_path": str(out_dir / "plan.json"),
-        "rows_train": rows_train,
-        "pool": str(pool_path),
-        "launcher": spec.launcher,
-        "input_key": key,
-    }
+
+
+def _check_deadline(spec: JobSpec, chosen: dict) -> None:
+    """The deadline covers the whole run: its loop was checked while planning, its other parts here."""
+    if spec.deadline_minutes and chosen["predicted_total_s"] > spec.deadline_minutes * 60:
+        raise StageError(
+            f"deadline_minutes={spec.deadline_minutes:.4g} cannot be met: the chosen plan's steps take "
+            f"{chosen['predicted_loop_s']:.1f} s, and with calibration, tracing and checkpoints the run takes "
+            f"{chosen['predicted_total_s']:.1f} s ({chosen['predicted_total_s'] / 60:.4g} min)"
+        )

@@ -155,6 +155,8 @@ class Trainer:
         self.warm_started_from: str | None = None  # the model store version training started from
         self.events = None  # rank 0's EventWriter (set by fit); None on the other ranks
         self.probe = None  # rank 0: the fixed rows whose activations the events record
+        # Where the run's time went before the loop (pipelines.runlog.actual_parts reads them).
+        self.timings: dict[str, float] = {"startup_s": 0.0, "calibration_s": 0.0}
 
     def fit(self) -> dict:
         """Resume or calibrate; train window by window to the last epoch; save, export, summarise.
@@ -170,8 +172,11 @@ class Trainer:
 
             self.warm_started_from = warm_start(self.model, job.spec, job.out / "warm-start")
         self.hvd.broadcast_variables(self.model.variables, root_rank=0)  # broadcast: rank 0's weights to every rank
+        self.timings["startup_s"] = time.time() - started
         if not self.args.no_balance and resumed_from is None:
+            t0 = time.time()
             self.set_batches(self.calibrate())
+            self.timings["calibration_s"] = time.time() - t0
         self.events = events = EventWriter(job.out / "events", self.size) if self.rank == 0 else None  # rank 0 alone
         n, steps_per_epoch = len(job.y), len(epoch_steps(len(job.y), self.batches))
         self.warmup_steps = int(round(t.warmup_epochs * steps_per_epoch))
@@ -355,6 +360,7 @@ class Trainer:
             "final_loss": self.last[0],
             "final_train_accuracy": self.last[1],
             "train_seconds": train_s,
+            "timings": dict(self.timings),
             "loop_seconds": run.loop_seconds,
             "samples_per_sec": run.samples_per_sec,
             "input_wait_fraction": run.input_wait_fraction,
