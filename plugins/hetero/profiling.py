@@ -57,6 +57,8 @@ __all__ = [
 PARAMS = ("pool", "size", "launcher", "artifact_root", "profile_bank", "kubernetes")
 SPEC_PARAMS = ("pool", "launcher", "artifact_root", "kubernetes")  # the job spec's own fields
 ENV_LOCK = "HETERO_PROFILE_LOCK"  # the machine-wide lock file of local sweeps
+# What the bank Asset's event says of each device type's fit (the laws themselves stay in the XCom).
+EVENT_FIT_FIELDS = ("rows", "models", "step_model", "step_cv_mape", "memory_model", "memory_cv_mape")
 
 
 def profile_params() -> dict:
@@ -269,7 +271,8 @@ class ProfileSweepOperator(_ProfileTask):
 
 class AllreduceProbeOperator(_ProfileTask):
     """Time a short Gloo allreduce between ranks placed as the pool's device types and store the
-    pool's latency and bandwidth in the bank (local pools only; skipped on Kubernetes)."""
+    pool's latency and bandwidth in the bank (local pools of two devices or more; skipped on
+    Kubernetes and for a single device)."""
 
     ui_color = "#e8f2e0"
 
@@ -280,6 +283,8 @@ class AllreduceProbeOperator(_ProfileTask):
         if run.spec.launcher != "local":
             raise AirflowSkipException("the allreduce probe places ranks on a local pool's cores; "
                                        f"launcher {run.spec.launcher!r} has none to probe")
+        if sum(d.count for d in load_pool(run.pool).device_types) < 2:
+            raise AirflowSkipException(f"pool {run.pool} has one device: no allreduce to measure")
         cmd = probe_allreduce_command(run.pool, bank=run.bank, python=trainer_python())
         return self.run_local("allreduce probe", cmd, lock=True)
 
@@ -287,7 +292,8 @@ class AllreduceProbeOperator(_ProfileTask):
 class BankFitOperator(_ProfileTask):
     """Fit every device type's step-time and memory regressions over the bank, with
     cross-validation; returns the fit's result line (``bank``, ``device_types``).  Its outlets (the
-    bank's Asset) get an event whose ``extra`` carries the bank and each type's fit."""
+    bank's Asset) get an event whose ``extra`` carries the bank and each type's fit summary
+    (:data:`EVENT_FIT_FIELDS`)."""
 
     ui_color = "#e4ecf7"
 
@@ -309,8 +315,10 @@ class BankFitOperator(_ProfileTask):
             return self.finish(context, self._delegate.execute_complete(context, event))
 
     def finish(self, context, result: dict) -> dict:
+        """The Assets' events carry the bank and, per device type, the fit's summary (not its laws)."""
         if self.outlets:
-            events = context["outlet_events"]
+            fits = {name: {k: fit[k] for k in EVENT_FIT_FIELDS if k in fit}
+                    for name, fit in (result.get("device_types") or {}).items()}
             for outlet in self.outlets:
-                events[outlet].extra = {"bank": result.get("bank"), "device_types": result.get("device_types", {})}
+                context["outlet_events"][outlet].extra = {"bank": result.get("bank"), "device_types": fits}
         return result

@@ -56,7 +56,8 @@ if args[2] == "profile":
                       "source": opt.get("--source")}}))
 elif args[2] == "fit-bank":
     print(json.dumps({{"bank": opt["--bank"], "device_types": {{"fast": {{"rows": 12, "step_model": "ridge",
-                      "step_cv_mape": 0.08, "memory_model": "linear", "memory_cv_mape": 0.1}}}}}}))
+                      "step_cv_mape": 0.08, "memory_model": "linear", "memory_cv_mape": 0.1,
+                      "laws": {{"step": {{"coefficients": {{"flops": 1e-9}}}}}}}}}}}}))
 else:
     print(json.dumps({{"pool": opt["--pool"], "latency_s": 0.0002, "bandwidth_gbps": 1.1}}))
 """
@@ -207,6 +208,10 @@ def test_the_probe_runs_on_local_pools_and_is_skipped_on_kubernetes(tmp_path, tr
                  kubernetes={"artifact_volume_claim": "artifacts"})
     with pytest.raises(AirflowSkipException, match="local pool"):
         AllreduceProbeOperator(task_id="probe_allreduce").execute(context(k8s))
+    one = {"device_types": [{"name": "solo", "count": 1, "memory_gb": 1, "power_watts": 1, "cost_per_hour": 0}]}
+    (tmp_path / "one.yaml").write_text(yaml.safe_dump(one))
+    with pytest.raises(AirflowSkipException, match="one device: no allreduce to measure"):
+        AllreduceProbeOperator(task_id="probe_allreduce").execute(context(params(tmp_path, pool=str(tmp_path / "one.yaml"))))
     assert len(trainer.calls()) == 1
 
 
@@ -217,8 +222,10 @@ def test_the_fit_returns_its_line_and_puts_each_device_types_fit_in_the_assets_e
     result = op.execute(ctx)
     assert [trainer.python, *trainer.calls()[0]] == fit_bank_command(str(tmp_path / "bank"), python=trainer.python)
     assert result["device_types"]["fast"]["step_cv_mape"] == 0.08
-    extra = ctx["outlet_events"][Asset(BANK_ASSET)].extra
-    assert extra == {"bank": str(tmp_path / "bank"), "device_types": result["device_types"]}
+    assert result["device_types"]["fast"]["laws"]["step"]  # the XCom has the whole fit
+    extra = ctx["outlet_events"][Asset(BANK_ASSET)].extra  # the event its summary
+    assert extra == {"bank": str(tmp_path / "bank"), "device_types": {"fast": {
+        "rows": 12, "step_model": "ridge", "step_cv_mape": 0.08, "memory_model": "linear", "memory_cv_mape": 0.1}}}
 
 
 # ------------------------------------------------------------------ training on the bank Asset

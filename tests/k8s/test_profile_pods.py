@@ -7,6 +7,8 @@ the deferred wait)."""
 from __future__ import annotations
 
 import json
+import sys
+from pathlib import Path
 
 import kubernetes_validate
 import pytest
@@ -20,6 +22,9 @@ from pipelines.launch import k8s
 from pipelines.launch.render import render_profile_pods
 from pipelines.profiling import fit_bank_command, sweep_command
 from pipelines.spec import SpecError, load_pool, load_spec
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "cluster"))
+pytest_plugins = ["testcluster.fixtures"]  # cluster, kube, kube_conn, task_context
 
 K8S_VERSION = "1.37.0"
 RUN_ID = "manual__2026-01-01T00:00:00+00:00"
@@ -235,3 +240,34 @@ def test_a_deferred_sweep_resumes_to_return_the_line_and_the_fit_updates_the_ass
     (name,) = [n for n in pods.created("pod") if not n.startswith("prof-")]
     assert name.startswith("fit-") and pods.pods == {}
     assert events[Asset("x-hetero://profiles/bank")].extra == fitted
+
+
+# ------------------------------------------------------------------------ on the test cluster
+
+
+def test_a_tiny_sweep_pod_fills_the_bank_and_the_fit_pod_fits_it(cluster, kube, kube_conn, task_context, tmp_path):
+    """The real sweep in a pod of the test cluster (tests/cluster: a local process in the trainer
+    environment, its CPU limit a quota), then the real fit in another; both deleted at the end."""
+    from hetero.profiling import BankFitOperator, ProfileSweepOperator
+
+    pool = {"device_types": [{"name": "cpu1", "count": 1, "memory_gb": 2, "power_watts": 50, "cost_per_hour": 0.1,
+                              "kubernetes": {"resources": {"cpu": "1", "memory": "2Gi"}}}]}
+    (tmp_path / "pool.yaml").write_text(yaml.safe_dump(pool))
+    doc = {"pool": str(tmp_path / "pool.yaml"), "size": "tiny", "launcher": "kubernetes",
+           "artifact_root": "/mnt/artifacts", "profile_bank": None,
+           "kubernetes": {"namespace": "default", "image": "trainer:1", "artifact_volume_claim": "artifacts",
+                          "kubernetes_conn_id": kube_conn, "scheduling_timeout_s": 30, "deferrable": False}}
+    context = task_context("sweep", run_id="profile-1")
+    context["ti"].map_index = 0
+    context["params"] = doc
+    line = ProfileSweepOperator(task_id="sweep", device="cpu1", poll_interval=0.5).execute(context)
+    assert line["device"] == "cpu1" and line["models"] == 3 and line["rows"] == 6
+    assert line["bank"] == "/mnt/artifacts/_profiles" and line["source"] == "cluster_test/profile-1"
+    assert len(list((cluster.claim_path("artifacts") / "_profiles" / "steps").glob("part-*.parquet"))) == 3
+
+    context = task_context("fit", run_id="profile-1")
+    context["params"] = doc
+    context["outlet_events"] = {}
+    fitted = BankFitOperator(task_id="fit", poll_interval=0.5).execute(context)
+    assert fitted["device_types"]["cpu1"]["rows"] == 6 and fitted["device_types"]["cpu1"]["step_model"]
+    assert not kube.list_namespaced_pod("default", label_selector="dag_id=cluster_test").items
