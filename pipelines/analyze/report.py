@@ -437,8 +437,8 @@ def _timing_parts(estimate: dict | None, learned: dict | None) -> str:
     same model on the same pool."""
     plan = (estimate or {}).get("plan") or {}
     timing, parts = plan.get("timing") or {}, (learned or {}).get("parts")
-    if not timing:
-        return _missing("The plan has no part-by-part prediction (an older estimate).")
+    if not timing:  # an estimate from before the part-by-part prediction
+        return ""
     out = ["<h3>Part by part</h3>"]
     corrections = timing.get("corrections") or {}
     rows = []

@@ -3,8 +3,8 @@
 
 For every device type of the pool:
 
-1. the bank's laws for that type (:mod:`pipelines.estimate.regress`, fitted on every row of the
-   type: sweeps, calibrations, finished runs) predict the step time ``fixed_s + per_sample_s·b``,
+1. the bank's laws for that type (:mod:`pipelines.estimate.regress`, fitted on the rows of every
+   other model on the type: sweeps, calibrations, finished runs) predict the step time ``fixed_s + per_sample_s·b``,
    the peak memory at ``b`` and the tracing time from the model's structure alone;
 2. rows of this very model on this type (a calibration of this run or an earlier one, earlier
    runs' steps) correct it: with two or more batches measured, their own affine fit replaces the
@@ -28,13 +28,17 @@ from pipelines.profilebank import bank_features, device_key
 MIN_OWN_ROWS_FOR_FIT = 2  # distinct batches of the job's own model that replace the prediction
 
 
-def missing_message(names: list[str], pool_path: str, bank: str) -> str:
-    devices = " ".join(f"--device {n}" for n in names[:1])
-    return (
-        f"the profile bank {bank} has no measurement of device type(s) {names}; profile them first: trigger the "
-        f"profile_pool DAG with pool={pool_path}, or run `python -m pipelines profile --pool {pool_path} {devices} "
-        f"--bank {bank}` for each (locally), or set estimate.calibrate to 'always' to time this model on them"
-    )
+def missing_message(names: list[str], pool_path: str, bank: str, launcher: str) -> str:
+    from pathlib import Path
+
+    from pipelines.spec import pool_profiles_path
+
+    how = (f"run `python -m pipelines profile --pool {pool_path} --device {names[0]} --bank {bank}` for each"
+           if launcher == "local" else
+           f"run this stage through the DAG with estimate.calibrate 'auto' or 'always' (the task starts one calibration "
+           f"pod per device type first), or put measured profiles in {pool_profiles_path(Path(pool_path))}")
+    return (f"the profile bank {bank} has no measurement of device type(s) {names}; profile them first: trigger the "
+            f"profile_pool DAG with pool={pool_path} and launcher={launcher}, or {how}")
 
 
 def own_profile(own: list[dict[str, Any]], law_fixed: float, law_per: float) -> tuple[float, float, str]:
@@ -64,11 +68,12 @@ def memory_cap(law: Any, features: dict[str, Any], memory_gb: float) -> int:
 def device_profile(dev: Any, rows: list[dict[str, Any]], features: dict[str, Any], model_key: str,
                    optimizer: str) -> dict[str, Any]:
     """One device type's profile from its bank rows (see the module docstring)."""
-    laws = fit_device(rows)
+    own = [r for r in rows if r["model_key"] == model_key]
+    others = [r for r in rows if r["model_key"] != model_key]
+    laws = fit_device(others or rows)  # the structural prior from other models; this model's rows correct it
     step, memory, trace = laws["step"], laws["memory"], laws["trace"]
     feats = bank_features(features)
     law_fixed, law_per = step.affine(feats)
-    own = [r for r in rows if r["model_key"] == model_key]
     if own:
         fixed, per, how = own_profile(own, law_fixed, law_per)
     else:
@@ -103,5 +108,5 @@ def bank_profiles(pool: Any, launcher: str, rows: list[dict[str, Any]], features
     keys = {d.name: device_key(d, launcher) for d in pool.device_types}
     missing = [name for name, key in keys.items() if not by_key.get(key)]
     if missing:
-        raise StageError(missing_message(missing, pool_path, bank))
+        raise StageError(missing_message(missing, pool_path, bank, launcher))
     return {d.name: device_profile(d, by_key[keys[d.name]], features, model_key, optimizer) for d in pool.device_types}

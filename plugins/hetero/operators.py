@@ -126,11 +126,17 @@ class PipelineStageOperator(BaseOperator):
 
     def calibrate_on_kubernetes(self, spec, context) -> None:
         """One calibration pod per device type, in parallel, before the estimate stage's pod; skipped
-        when measured profiles override calibration (``<pool stem>.profiles.json`` beside the pool)."""
+        when measured profiles override calibration (``<pool stem>.profiles.json`` beside the pool)
+        or ``estimate.calibrate`` is ``never``.  With ``auto`` the pods run: the Airflow side does not
+        read the profile bank (pyarrow stays out of the scheduler's processes), and a fresh timing of
+        the model only sharpens the bank's prediction."""
         from hetero.stage_runner import carried_inputs
 
         if "profiles" in carried_inputs(spec):  # <pool stem>.profiles.json beside the pool file
             self.log.info("Step-time profiles from the file beside the pool %s; no calibration pods", spec.pool)
+            return
+        if spec.estimate.calibrate == "never":
+            self.log.info("estimate.calibrate is 'never': the estimate predicts from the profile bank alone; no calibration pods")
             return
         from hetero.kubernetes_calibration import CalibrationPodsOperator
 

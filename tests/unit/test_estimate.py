@@ -366,8 +366,10 @@ def test_stage_kubernetes_plans_from_the_calibration_pods_profiles(tmp_path):
         run(spec, run_dir, StageContext())
     write_json(folder / "profile-slow.json", _pod_profile(spec, "slow", 0.005, 0.0003))
     result = run(spec, run_dir, StageContext())
-    assert {k: (v["fixed_s"], v["per_sample_s"], v["source"]) for k, v in result["profiles"].items()} == {
-        "fast": (0.002, 0.0001, "calibration pod"), "slow": (0.005, 0.0003, "calibration pod")}
+    profiles = result["profiles"]  # the pods' lines, through the bank: this model's own measurements
+    assert (profiles["fast"]["fixed_s"], profiles["fast"]["per_sample_s"]) == pytest.approx((0.002, 0.0001))
+    assert (profiles["slow"]["fixed_s"], profiles["slow"]["per_sample_s"]) == pytest.approx((0.005, 0.0003))
+    assert all(p["calibration"]["source"] == "calibration pod" and "of this model" in p["source"] for p in profiles.values())
     assert [r["device"] for r in result["plan"]["ranks"]][0] == "fast"  # the faster type is rank 0
     # A profile of another model (another task of the same run directory, say) is never used.
     write_json(folder / "profile-slow.json", {**_pod_profile(spec, "slow", 0.005, 0.0003), "model_key": "other"})
@@ -428,3 +430,34 @@ def test_stage_with_profiles_file_writes_plan_and_is_idempotent(tmp_path):
     (tmp_path / "pool.profiles.json").write_text(json.dumps({"model": "small_cnn", "fast": {"fixed_s": 0.1, "per_sample_s": -1}}))
     with pytest.raises(StageError, match=r"fast\.per_sample_s must be a number >= 0, got -1"):  # new input
         run(spec, run_dir, StageContext())
+
+
+def test_stage_kubernetes_without_a_profiles_file_plans_from_the_profile_bank(tmp_path):
+    """No calibration pods (estimate.calibrate never), no file beside the pool: the bank's sweep
+    rows of the pool's Kubernetes device types predict the job's model, and the plan's time has
+    its parts, with the Kubernetes pool's allreduce not yet measured (a default, said so)."""
+    from test_estimator import synthetic_rows
+
+    from pipelines.estimate.stage import run
+    from pipelines.profilebank import ProfileBank, device_key
+    from pipelines.spec import load_pool
+    from pipelines.stages import StageContext
+
+    spec, run_dir, pool_file = _stage_setup(tmp_path, model={"name": "tiny_mlp"}, estimate={"calibrate": "never"})
+    pool = load_pool(pool_file)
+    bank = ProfileBank(spec.profile_bank_uri())
+    for i, dev in enumerate(pool.device_types):
+        bank.append("steps", synthetic_rows(dev.name, device_key(dev, "kubernetes"), seed=i, speed=1 + 2 * i))
+    result = run(spec, run_dir, StageContext())
+    assert result["calibrated"] == [] and result["link"]["measured"] is False
+    assert all("predicted by the bank" in p["source"] for p in result["profiles"].values())
+    assert result["plan"]["ranks"][0]["device"] == "fast"
+    timing = result["plan"]["timing"]
+    assert timing["total_s"] == pytest.approx(sum(timing["parts"].values()))
+    assert result["plan"]["predicted_total_s"] == timing["total_s"] > result["plan"]["predicted_loop_s"]
+    # a local profile of the same names is another device: it does not count for Kubernetes
+    local_only = ProfileBank(str(tmp_path / "local-bank"))
+    local_only.append("steps", synthetic_rows("fast", device_key(pool.get("fast"), "local")))
+    spec2 = spec.model_copy(update={"estimate": spec.estimate.model_copy(update={"profile_bank": local_only.uri})})
+    with pytest.raises(StageError, match=r"no measurement of device type\(s\) \['fast', 'slow'\]"):
+        run(spec2, run_dir, StageContext(fresh=True))
