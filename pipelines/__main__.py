@@ -87,6 +87,9 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--out", required=True, help="folder for the YAML manifests")
     r.add_argument("--dag-id", default="cli")
     r.add_argument("--run-id", default="manual")
+    r.add_argument("--profile-pods", action="store_true",
+                   help="write the profile_pool DAG's pods instead: profile-<device>.yaml and profile-fit.yaml")
+    r.add_argument("--size", default="small", help="with --profile-pods: the sweep's size (default: %(default)s)")
     return parser
 
 

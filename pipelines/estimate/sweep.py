@@ -157,19 +157,13 @@ def run_sweep(pool: Any, device: str, launcher: str, bank_uri: str, size: str, *
             "seconds": round(time.time() - started, 2), "source": source, "size": size}
 
 
-def sweep_command(pool: str, device: str, launcher: str, bank: str, size: str, source: str, threads: int,
-                  python: str = "python") -> list[str]:
-    """The device-side child's command, the same for a local process and a profiling pod."""
-    return [python, "-m", "pipelines.estimate.sweep", "--pool", pool, "--device", device, "--launcher", launcher,
-            "--bank", bank, "--size", size, "--source", source, "--threads", str(threads)]
-
-
 def profile_device(pool_source: str, device: str, bank: str, size: str, *, source: str | None = None,
                    timeout_s: float = 3600.0) -> dict[str, Any]:
     """Locally: run the sweep child for ``device`` pinned and capped as that type; returns its result."""
     import subprocess
 
     from pipelines.launch.cgroups import CpuLimiter, threads_for
+    from pipelines.profiling import sweep_command
     from pipelines.spec import load_pool, read_mapping
     from pipelines.stages import last_json_object
 

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import json
 import math
 import posixpath
 import re
@@ -47,6 +48,7 @@ from pipelines.launch.rendezvous import (
     pod_slots,
 )
 from pipelines.plan import check_plan
+from pipelines.profiling import fit_bank_command, sweep_command, sweep_source
 from pipelines.rundir import safe_component
 from pipelines.spec import DeviceType, JobSpec, PoolSpec, SpecError, check_kubernetes
 from pipelines.stages import StageContext, calibration_command, rank_command, stage_command
@@ -72,6 +74,8 @@ __all__ = [
     "rank_env",
     "stage_pod_manifest",
     "job_manifests",
+    "profile_pod_manifest",
+    "bank_fit_pod_manifest",
 ]
 
 RANK_CONTAINER = "trainer"  # container name in rank pods
@@ -581,3 +585,58 @@ def calibration_pod_manifests(
         pods.append(_pod(spec, name=name, labels=labels, annotations=annotations, container=container,
                          device=device, volumes=volumes))
     return pods
+
+
+# ---------------------------------------------------------------------------- profiling pods
+
+PROFILE_CONTAINER = "profile"
+
+
+def profile_pod_manifest(
+    spec: JobSpec, pool: PoolSpec, device: str, identity: Identity, *, size: str, source: str | None = None
+) -> dict[str, Any]:
+    """The pod that sweeps the profiling model family on one device type of ``pool`` (one mapped
+    task of the ``profile_pool`` DAG): the type's resources, node selector, tolerations and
+    affinity, running :func:`pipelines.profiling.sweep_command` with that device type inline, which
+    appends its rows to the profile bank (``spec.profile_bank_uri()``: under the artifact volume, or a bucket reached with
+    the Secret's credentials) and prints its result as its last log line.
+
+    ``identity`` is the mapped task try's (its map index makes each device type's pod a job of its
+    own); the pod carries ``rank=0``, so the gang rules apply to it alone.
+    """
+    check_kubernetes(spec, pool)
+    dev = pool.get(device)
+    threads = cpu_threads(dev.kubernetes.resources)
+    # The pod cannot read the Airflow side's pool file: its device type goes inline.
+    inline = json.dumps({"device_types": [dev.model_dump(mode="json")]}, sort_keys=True)
+    source = source or sweep_source(identity.dag_id, identity.run_id)
+    command = sweep_command(inline, dev.name, "kubernetes", spec.profile_bank_uri(), size, source, threads)
+    env = {**_base_env(threads), ENV_DEVICE: dev.name, ENV_SHARE: str(cpu_cores(dev.kubernetes.resources))}
+    labels = {**identity.labels("profile"), "rank": "0", "device_type": dev.name}
+    name = f"prof-{identity.job_key[:8]}-{dev.name}-t{identity.try_number}"
+    return _command_pod(spec, name, labels, identity, command, env, dict(dev.kubernetes.resources), dev)
+
+
+def bank_fit_pod_manifest(
+    spec: JobSpec, identity: Identity, *, resources: dict[str, str] | None = None
+) -> dict[str, Any]:
+    """The pod that fits the profile bank's regressions (:func:`pipelines.profiling.fit_bank_command`)
+    after the sweeps, with the stage pods' default resources unless ``resources``."""
+    check_kubernetes(spec)
+    res = dict(resources or DEFAULT_STAGE_RESOURCES)
+    command = fit_bank_command(spec.profile_bank_uri())
+    labels = {**identity.labels("profile-fit"), "rank": "0"}
+    name = _dns_label(identity.task_id, 40) + f"-{identity.job_key[:8]}-t{identity.try_number}"
+    return _command_pod(spec, name, labels, identity, command, _base_env(cpu_threads(res)), res, None)
+
+
+def _command_pod(
+    spec: JobSpec, name: str, labels: dict[str, str], identity: Identity, command: list[str],
+    env: dict[str, str], resources: dict[str, str], device: DeviceType | None,
+) -> dict[str, Any]:
+    volumes, mounts = _volumes(spec, shm=False)
+    annotations = identity.annotations()
+    _kueue(spec, labels, annotations, None, 1)
+    container = _container(spec, PROFILE_CONTAINER, command, env, resources, mounts)
+    return _pod(spec, name=name, labels=labels, annotations=annotations, container=container, device=device,
+                volumes=volumes)

@@ -19,10 +19,11 @@ import yaml
 
 from pipelines.launch import k8s
 from pipelines.plan import default_plan, load_plan
+from pipelines.profiling import DEFAULT_SIZE, sweep_source
 from pipelines.spec import load_pool, load_spec
 from pipelines.stages import StageContext, run_inputs
 
-__all__ = ["render_job", "write_manifests", "render_cli"]
+__all__ = ["render_job", "render_profile_pods", "write_manifests", "render_cli"]
 
 
 def render_job(
@@ -64,6 +65,29 @@ def render_job(
     return out
 
 
+def render_profile_pods(
+    spec_source: str | dict,
+    pool_source: str | dict | None = None,
+    *,
+    size: str = DEFAULT_SIZE,
+    dag_id: str = "profile_pool",
+    run_id: str = "manual",
+) -> dict[str, dict[str, Any]]:
+    """The ``profile_pool`` DAG's pods as ``{file name: manifest dict}``: the mapped ``sweep``
+    task's pod for each device type (map index = its place in the pool) and the ``fit`` task's."""
+    spec = load_spec(spec_source)
+    pool = load_pool(run_inputs(pool_source if pool_source is not None else spec.pool)["pool"])
+    source = sweep_source(dag_id, run_id)
+    out: dict[str, dict[str, Any]] = {}
+    for index, device in enumerate(pool.device_types):
+        ident = k8s.Identity(dag_id=dag_id, run_id=run_id, task_id="sweep", map_index=index)
+        out[f"profile-{device.name}.yaml"] = k8s.profile_pod_manifest(spec, pool, device.name, ident, size=size,
+                                                                      source=source)
+    fit = k8s.Identity(dag_id=dag_id, run_id=run_id, task_id="fit")
+    out["profile-fit.yaml"] = k8s.bank_fit_pod_manifest(spec, fit)
+    return out
+
+
 def write_manifests(manifests: dict[str, dict[str, Any]], out_dir: str | Path) -> list[str]:
     """Write each manifest as YAML into ``out_dir``; returns the paths written."""
     out = Path(out_dir)
@@ -77,7 +101,11 @@ def write_manifests(manifests: dict[str, dict[str, Any]], out_dir: str | Path) -
 
 
 def render_cli(args: argparse.Namespace) -> dict[str, Any]:
-    """Entry point of ``python -m pipelines render`` (args: spec, pool, plan, out, dag_id, run_id)."""
-    manifests = render_job(args.spec, args.pool, args.plan, dag_id=args.dag_id, run_id=args.run_id)
+    """Entry point of ``python -m pipelines render`` (args: spec, pool, plan, out, dag_id, run_id,
+    profile_pods, size)."""
+    if getattr(args, "profile_pods", False):
+        manifests = render_profile_pods(args.spec, args.pool, size=args.size, dag_id=args.dag_id, run_id=args.run_id)
+    else:
+        manifests = render_job(args.spec, args.pool, args.plan, dag_id=args.dag_id, run_id=args.run_id)
     files = write_manifests(manifests, args.out)
     return {"out": str(Path(args.out).absolute()), "files": files, "count": len(files)}

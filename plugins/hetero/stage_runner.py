@@ -4,6 +4,8 @@ The command is exactly what a pod runs (:func:`pipelines.stages.stage_command`) 
 environment's Python, the pool and its profiles carried inline (:func:`carried_inputs`).  Its output is streamed line by line into the task log; a non-zero exit
 fails the task with the stage's own ``ERROR:`` lines; the last line (a JSON document) becomes
 the task's XCom.  If the task is killed, the stage's whole process group is stopped.
+:class:`LocalCommand` does the same for any command of the trainer environment (the profiling
+sweep's, ``hetero.profiling``).
 """
 
 from __future__ import annotations
@@ -75,37 +77,40 @@ def carried_inputs(spec: JobSpec, pool: str | dict | None = None) -> dict[str, d
 
 def stage_result(lines: Sequence[str], stage: str, where: str) -> dict:
     """The stage's JSON result (its last JSON object line); the error quotes the last lines otherwise."""
+    return command_result(lines, f"stage {stage!r}", where)
+
+
+def command_result(lines: Sequence[str], what: str, where: str = "the output") -> dict:
+    """The last JSON object line of a command's output (``what`` names the command in the error,
+    which quotes the last lines when there is none)."""
     result = last_json_object(lines)
     if result is None:
         tail = "\n".join(list(lines)[-15:])
-        raise StageProcessError(f"stage {stage!r}: {where} has no JSON result line; last lines:\n{tail}")
+        raise StageProcessError(f"{what}: {where} has no JSON result line; last lines:\n{tail}")
     return result
 
 
-class LocalStage:
-    """One stage run as a subprocess; :meth:`kill` stops it and everything it started."""
+class LocalCommand:
+    """A command run as a subprocess in the trainer environment, its output streamed into the task
+    log and its last JSON line returned (a stage's, or the profiling sweep's); :meth:`kill` stops it
+    and everything it started.  Exit 2 (bad input) fails the task without retries; any other
+    failure raises :class:`StageProcessError`, which Airflow retries.  ``what`` names it in errors."""
 
-    def __init__(self, stage: str, spec: JobSpec, ctx: StageContext, *, python: str | None = None, cwd: str | None = None):
-        self.stage, self.spec, self.ctx = stage, spec, ctx
-        self.python, self.cwd = python, cwd
+    def __init__(self, what: str, *, cwd: str | None = None):
+        self.what, self.cwd = what, cwd
         self.proc: subprocess.Popen | None = None
 
-    def run(self) -> dict:
-        """Run the stage in the trainer environment and return its JSON result."""
-        run_dir = run_dir_for(self.spec, self.ctx)
-        python = self.python or trainer_python()
-        inputs = carried_inputs(self.spec)
-        cmd = stage_command(self.stage, self.spec.to_json(), str(run_dir), self.ctx, python, inputs=inputs)
-        log.info("running stage %s in %s", self.stage, run_dir)
+    def run_command(self, cmd: Sequence[str]) -> dict:
+        """Run ``cmd`` (its first word the trainer environment's python) and return its JSON result."""
         env = dict(os.environ)
         env.setdefault("PYTHONUNBUFFERED", "1")
         env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
         self.proc = proc = subprocess.Popen(
-            cmd,
+            list(cmd),
             stdin=subprocess.DEVNULL,  # not the task's standard input (Airflow's supervisor socket)
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
-            env=child_env(env),  # the stage ends, and stops its ranks, when this task process dies
+            env=child_env(env),  # the command ends, and stops its ranks, when this task process dies
             cwd=self.cwd or str(PROJECT_ROOT),
             start_new_session=True,  # its own process group: kill() reaches the ranks too
         )
@@ -120,19 +125,37 @@ class LocalStage:
                 log.info("%s", line)
             code = proc.wait()
         finally:
-            # Killed task, timeout or any exception: stop the stage and everything it started.
+            # Killed task, timeout or any exception: stop the command and everything it started.
             self.kill()
         if code != 0:
             detail = "\n".join(errors or list(tail)[-15:])
-            message = f"stage {self.stage!r} failed with exit code {code}:\n{detail}"
+            message = f"{self.what} failed with exit code {code}:\n{detail}"
             if code == EXIT_BAD_INPUT:  # bad input or a diverged loss: a retry would fail the same way
                 raise AirflowFailException(message + "\n(not retried: fix the input)")
             raise StageProcessError(message)
-        return stage_result(tail, self.stage, "the output")
+        return command_result(tail, self.what)
 
     def kill(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
             _kill_group(self.proc)
+
+
+class LocalStage(LocalCommand):
+    """One stage run as a subprocess; :meth:`kill` stops it and everything it started."""
+
+    def __init__(self, stage: str, spec: JobSpec, ctx: StageContext, *, python: str | None = None, cwd: str | None = None):
+        super().__init__(f"stage {stage!r}", cwd=cwd)
+        self.stage, self.spec, self.ctx = stage, spec, ctx
+        self.python = python
+
+    def run(self) -> dict:
+        """Run the stage in the trainer environment and return its JSON result."""
+        run_dir = run_dir_for(self.spec, self.ctx)
+        python = self.python or trainer_python()
+        inputs = carried_inputs(self.spec)
+        cmd = stage_command(self.stage, self.spec.to_json(), str(run_dir), self.ctx, python, inputs=inputs)
+        log.info("running stage %s in %s", self.stage, run_dir)
+        return self.run_command(cmd)
 
 
 def _kill_group(proc: subprocess.Popen, grace_s: float = 10.0) -> None:

@@ -1,0 +1,356 @@
+"""The ``profile_pool`` DAG's operators: list a pool's device types, sweep the profiling model
+family on each (one mapped task per type), probe a local pool's allreduce, and fit the profile
+bank (docs/ARCHITECTURE.md, "Profiling a pool").
+
+Each task runs one command of :mod:`pipelines.profiling` and returns its last JSON line as XCom;
+exit 2 (bad input) fails the task without retries, anything else is retried:
+
+- ``launcher: local``: the command runs as a subprocess in the trainer environment
+  (:class:`hetero.stage_runner.LocalCommand`, as the stages do).  ``python -m pipelines profile``
+  pins and caps the sweep as the device type says.  Sweeps on one machine would disturb each
+  other's timings, so each holds a machine-wide lock file while it runs (:func:`sweep_lock`); the
+  allreduce probe holds it too.
+- ``launcher: kubernetes``: each sweep is a pod of its own with its device type's resources and
+  placement, in parallel (:class:`hetero.kubernetes_profile.ProfilePodOperator`), and so is the fit.
+  The allreduce probe is skipped: it measures a local pool's cores.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import fcntl
+import os
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from airflow.sdk import BaseOperator
+
+from hetero.stage_runner import PROJECT_ROOT, LocalCommand, stage_context, trainer_python
+from pipelines.profiling import (
+    DEFAULT_SIZE,
+    SIZES,
+    check_size,
+    fit_bank_command,
+    probe_allreduce_command,
+    profile_command,
+    reference_runs_command,
+    sweep_source,
+)
+from pipelines.spec import JobSpec, SpecError, load_pool, load_spec
+
+__all__ = [
+    "PARAMS",
+    "ENV_LOCK",
+    "ProfileRun",
+    "profile_params",
+    "profile_run",
+    "sweep_lock",
+    "PoolDeviceTypesOperator",
+    "ProfileSweepOperator",
+    "AllreduceProbeOperator",
+    "ReferenceRunsOperator",
+    "BankFitOperator",
+]
+
+PARAMS = ("pool", "size", "launcher", "artifact_root", "profile_bank", "reference_runs", "kubernetes")
+SPEC_PARAMS = ("pool", "launcher", "artifact_root", "kubernetes")  # the job spec's own fields
+ENV_LOCK = "HETERO_PROFILE_LOCK"  # the machine-wide lock file of local sweeps
+# What the bank Asset's event says of each device type's fit (the laws themselves stay in the XCom).
+EVENT_FIT_FIELDS = ("rows", "models", "step_model", "step_cv_mape", "memory_model", "memory_cv_mape")
+
+
+def profile_params() -> dict:
+    """The DAG's Params: ``pool``, ``launcher``, ``artifact_root`` and ``kubernetes`` exactly as the
+    training DAG's form has them (schema and defaults from the job spec), plus ``size`` and
+    ``profile_bank``."""
+    from airflow.sdk import Param
+
+    from hetero.params import job_params
+
+    job = job_params()
+    params = {name: job[name] for name in SPEC_PARAMS}
+    params["size"] = Param(
+        DEFAULT_SIZE, type="string", enum=list(SIZES), title="size",
+        description="How many models and batches each device type times: tiny (a smoke test), small (a few "
+        "minutes a device type on two cores), medium, large.",
+    )  # fmt: skip
+    params["profile_bank"] = Param(
+        None, type=["string", "null"], title="profile_bank",
+        description="Where the profile bank lives: a path or s3://, gs://, hdfs:// URI. Empty: "
+        "<artifact_root>/_profiles (the job spec's estimate.profile_bank).",
+    )  # fmt: skip
+    params["reference_runs"] = Param(
+        True, type="boolean", title="reference_runs",
+        description="On a local pool, also train two small reference models through the pipeline (about a minute) "
+        "so that the first run of any model on the pool is predicted with the pool's synchronous costs.",
+    )  # fmt: skip
+    return {name: params[name] for name in PARAMS}
+
+
+@dataclasses.dataclass(frozen=True)
+class ProfileRun:
+    """A run's validated params: ``spec`` carries the pool, launcher, artifact root, Kubernetes
+    settings and bank (``spec.profile_bank_uri()``); ``pool`` is the pool file as the trainer
+    environment reads it (relative paths taken under the project root)."""
+
+    spec: JobSpec
+    size: str
+    pool: str
+    reference_runs: bool = True
+
+    @property
+    def bank(self) -> str:
+        return self.spec.profile_bank_uri()
+
+
+def profile_run(params: dict) -> ProfileRun:
+    """The run's params checked as the job spec checks them; :class:`SpecError` names each bad
+    field, a misspelt key (Airflow merges a run's conf into its params) and a pool that cannot be read."""
+    import difflib
+
+    unknown = sorted(set(params) - set(PARAMS))
+    if unknown:
+        lines = [f"profile_pool params: {len(unknown)} unknown field(s)"]
+        for key in unknown:
+            close = difflib.get_close_matches(key, list(PARAMS), n=1)
+            lines.append(f"  {key}: unknown field" + (f" (did you mean {close[0]!r}?)" if close else ""))
+        raise SpecError("\n".join(lines))
+    from hetero.params import default_job
+
+    pool = _pool_path(params.get("pool") or default_job()["pool"])
+    doc = {**default_job(), "pool": pool}  # the dataset is the form's default: a sweep reads none
+    doc.update({k: params[k] for k in ("launcher", "artifact_root", "kubernetes") if params.get(k) is not None})
+    doc["estimate"] = {"profile_bank": params.get("profile_bank") or ""}
+    spec = load_spec(doc)
+    load_pool(pool)  # a bad pool fails here, naming the file and its fields
+    return ProfileRun(spec=spec, size=check_size(params.get("size") or DEFAULT_SIZE), pool=pool,
+                      reference_runs=params.get("reference_runs") is not False)
+
+
+def _pool_path(pool: Any) -> str:
+    """A pool file path as the trainer environment reads it: relative paths under the project root,
+    where local commands run (inline JSON as it is)."""
+    if isinstance(pool, dict):
+        import json
+
+        return json.dumps(pool)
+    text = str(pool).strip()
+    if text.startswith("{") or Path(text).is_absolute():
+        return text
+    return str(PROJECT_ROOT / text)
+
+
+def checked_run(context) -> ProfileRun:
+    """:func:`profile_run` of the task's params; bad params fail the task without retries."""
+    from airflow.sdk.exceptions import AirflowFailException
+
+    try:
+        return profile_run(context["params"])
+    except SpecError as e:
+        raise AirflowFailException(str(e)) from None
+
+
+@contextlib.contextmanager
+def fail_bad_input() -> Iterator[None]:
+    """A bad device type or Kubernetes setting (:class:`SpecError`), or a pod that exited 2, fails
+    the task without retries: the next try would meet the same input."""
+    from airflow.sdk.exceptions import AirflowFailException
+
+    from hetero.operators import no_retry_for_bad_ranks
+
+    try:
+        with no_retry_for_bad_ranks():
+            yield
+    except SpecError as e:
+        raise AirflowFailException(str(e)) from None
+
+
+@contextlib.contextmanager
+def sweep_lock(what: str, path: str | None = None, *, poll_s: float = 2.0, log: Any = None) -> Iterator[Path]:
+    """Hold the machine-wide lock of local sweeps (``HETERO_PROFILE_LOCK``, default
+    ``<tmp>/hetero-profile.lock``) while the block runs; wait for it, saying who holds it.
+
+    A lock file rather than ``max_active_tis_per_dagrun=1``: the launcher is a run's param, known
+    only when the task runs, and Kubernetes sweeps (each in a pod of its own) should run in
+    parallel; the lock also keeps a sweep of another DAG run off the cores.  The kernel releases it
+    when the holder's process ends, however it ends (the descriptor is not inherited by the sweep)."""
+    lock = Path(path or os.environ.get(ENV_LOCK) or Path(tempfile.gettempdir()) / "hetero-profile.lock")
+    fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o666)
+    try:
+        waited = False
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if not waited and log is not None:
+                    holder = os.pread(fd, 200, 0).decode(errors="replace").strip() or "another sweep"
+                    log.info("Waiting for %s to finish (lock %s): sweeps on one machine run one at a time", holder, lock)
+                waited = True
+                time.sleep(poll_s)
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{what} (pid {os.getpid()})\n".encode(), 0)
+        yield lock
+    finally:
+        os.close(fd)  # releases the lock
+
+
+class PoolDeviceTypesOperator(BaseOperator):
+    """The pool's device type names, in the pool's order: what the ``sweep`` task is mapped over.
+    Bad params or a bad pool fail here, before any sweep starts, without retries."""
+
+    ui_color = "#f0f0e0"
+
+    def execute(self, context) -> list[str]:
+        run = checked_run(context)
+        names = [d.name for d in load_pool(run.pool).device_types]
+        self.log.info("Profiling %d device type(s) of %s at size %s: %s", len(names), run.pool, run.size, names)
+        return names
+
+
+class _ProfileTask(BaseOperator):
+    """What the profiling tasks share: a local command in the trainer environment, or a pod."""
+
+    lock_poll_s = 2.0  # how often a local task waiting for the sweep lock tries again
+
+    def __init__(self, *, poll_interval: float = 5.0, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.poll_interval = poll_interval
+        self._delegate: Any = None
+
+    def pod_operator(self, run: ProfileRun, *, deferrable: bool, **kwargs: Any) -> Any:
+        from hetero.kubernetes_profile import ProfilePodOperator
+
+        return ProfilePodOperator(task_id=self.task_id, spec_json=run.spec.to_json(), deferrable=deferrable,
+                                  poll_interval=self.poll_interval, **kwargs)
+
+    def run_local(self, what: str, cmd: list[str], *, lock: bool) -> dict:
+        self._delegate = LocalCommand(what)
+        if not lock:
+            return self._delegate.run_command(cmd)
+        with sweep_lock(what, poll_s=self.lock_poll_s, log=self.log):
+            return self._delegate.run_command(cmd)
+
+    def on_kill(self) -> None:
+        if isinstance(self._delegate, LocalCommand):
+            self._delegate.kill()  # the command's whole process group
+        elif self._delegate is not None:
+            self._delegate.on_kill()  # the pod
+
+
+class ProfileSweepOperator(_ProfileTask):
+    """Sweep the profiling model family on one device type of the pool and append the rows to the
+    profile bank; returns the sweep's result line (``device``, ``rows``, ``models``, ``bank``,
+    ``seconds``, ``source``).  Mapped over the pool's device types (``.expand(device=...)``).
+
+    :param device: the device type. (templated)
+    """
+
+    template_fields = ("device",)
+    ui_color = "#e8f2e0"
+
+    def __init__(self, *, device: str, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.device = device
+
+    def execute(self, context) -> dict:
+        run = checked_run(context)
+        ctx = stage_context(context)
+        source = sweep_source(ctx.dag_id, ctx.run_id)
+        if run.spec.launcher == "local":
+            cmd = profile_command(run.pool, self.device, run.size, bank=run.bank, source=source,
+                                  python=trainer_python())
+            return self.run_local(f"profiling sweep on {self.device!r}", cmd, lock=True)
+        with fail_bad_input():
+            self._delegate = self.pod_operator(run, deferrable=run.spec.kubernetes.deferrable,
+                                               device=self.device, size=run.size, source=source)
+            return self._delegate.execute(context)
+
+    def execute_complete(self, context, event: dict) -> dict:
+        """Resume after the deferred wait for the sweep's pod (``kubernetes.deferrable``)."""
+        run = checked_run(context)
+        with fail_bad_input():
+            self._delegate = self.pod_operator(run, deferrable=True, device=self.device, size=run.size)
+            return self._delegate.execute_complete(context, event)
+
+
+class AllreduceProbeOperator(_ProfileTask):
+    """Time a short Gloo allreduce between ranks placed as the pool's device types and store the
+    pool's latency and bandwidth in the bank (local pools of two devices or more; skipped on
+    Kubernetes and for a single device)."""
+
+    ui_color = "#e8f2e0"
+
+    def execute(self, context) -> dict:
+        from airflow.sdk.exceptions import AirflowSkipException
+
+        run = checked_run(context)
+        if run.spec.launcher != "local":
+            raise AirflowSkipException("the allreduce probe places ranks on a local pool's cores; "
+                                       f"launcher {run.spec.launcher!r} has none to probe")
+        if sum(d.count for d in load_pool(run.pool).device_types) < 2:
+            raise AirflowSkipException(f"pool {run.pool} has one device: no allreduce to measure")
+        cmd = probe_allreduce_command(run.pool, bank=run.bank, python=trainer_python())
+        return self.run_local("allreduce probe", cmd, lock=True)
+
+
+class ReferenceRunsOperator(_ProfileTask):
+    """Two short real trainings of reference models on a local pool, through the pipeline's own
+    stages, recorded in the bank: the pool's synchronous costs, learned before any user's run
+    (local pools of two devices or more; skipped on Kubernetes and for a single device)."""
+
+    ui_color = "#e8f2e0"
+
+    def execute(self, context) -> dict:
+        from airflow.sdk.exceptions import AirflowSkipException
+
+        run = checked_run(context)
+        if run.spec.launcher != "local":
+            raise AirflowSkipException("reference runs train on a local pool; on Kubernetes the first training runs "
+                                       "of the pool teach its synchronous costs")
+        if sum(d.count for d in load_pool(run.pool).device_types) < 2:
+            raise AirflowSkipException(f"pool {run.pool} has one device: nothing synchronous to learn")
+        if not run.reference_runs:
+            raise AirflowSkipException("reference_runs is off")
+        cmd = reference_runs_command(run.pool, bank=run.bank, artifact_root=run.spec.artifact_root,
+                                     python=trainer_python())
+        return self.run_local("reference runs", cmd, lock=True)
+
+
+class BankFitOperator(_ProfileTask):
+    """Fit every device type's step-time and memory regressions over the bank, with
+    cross-validation; returns the fit's result line (``bank``, ``device_types``).  Its outlets (the
+    bank's Asset) get an event whose ``extra`` carries the bank and each type's fit summary
+    (:data:`EVENT_FIT_FIELDS`)."""
+
+    ui_color = "#e4ecf7"
+
+    def execute(self, context) -> dict:
+        run = checked_run(context)
+        if run.spec.launcher == "local":
+            result = self.run_local("fitting the profile bank", fit_bank_command(run.bank, python=trainer_python()),
+                                    lock=False)
+            return self.finish(context, result)
+        with fail_bad_input():
+            self._delegate = self.pod_operator(run, deferrable=run.spec.kubernetes.deferrable)
+            return self.finish(context, self._delegate.execute(context))
+
+    def execute_complete(self, context, event: dict) -> dict:
+        """Resume after the deferred wait for the fit's pod (``kubernetes.deferrable``)."""
+        run = checked_run(context)
+        with fail_bad_input():
+            self._delegate = self.pod_operator(run, deferrable=True)
+            return self.finish(context, self._delegate.execute_complete(context, event))
+
+    def finish(self, context, result: dict) -> dict:
+        """The Assets' events carry the bank and, per device type, the fit's summary (not its laws)."""
+        if self.outlets:
+            fits = {name: {k: fit[k] for k in EVENT_FIT_FIELDS if k in fit}
+                    for name, fit in (result.get("device_types") or {}).items()}
+            for outlet in self.outlets:
+                context["outlet_events"][outlet].extra = {"bank": result.get("bank"), "device_types": fits}
+        return result
