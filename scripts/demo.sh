@@ -7,6 +7,17 @@ export AIRFLOW_HOME=${AIRFLOW_HOME:-$PWD/.airflow}
 mkdir -p "$AIRFLOW_HOME"
 .venv/bin/airflow db migrate >"$AIRFLOW_HOME/db-migrate.log" 2>&1 || { cat "$AIRFLOW_HOME/db-migrate.log"; exit 1; }
 
+# A fresh machine's profile bank is empty: profile the demo pool first (the profile_pool DAG: a small
+# sweep per device type, the allreduce probe, two reference runs), so the estimate predicts from it.
+bank=${HETERO_ARTIFACT_ROOT:-$PWD/artifacts}/_profiles
+if [ ! -d "$bank/steps" ] || [ ! -d "$bank/runs" ]; then
+  echo "profiling the demo pool into $bank (once; log: $AIRFLOW_HOME/profile.log)"
+  profile_conf=${PROFILE_CONF:-'{"size": "small"}'}
+  .venv/bin/airflow dags test profile_pool --conf "$profile_conf" >"$AIRFLOW_HOME/profile.log" 2>&1 \
+    || { tail -40 "$AIRFLOW_HOME/profile.log"; echo "profiling failed; see $AIRFLOW_HOME/profile.log"; exit 1; }
+  grep -E "Marking task" "$AIRFLOW_HOME/profile.log" | sed 's/.*Marking/Marking/' || true
+fi
+
 marker=$(mktemp)
 conf=${DEMO_CONF:-'{}'}
 echo "running train_pipeline with conf $conf (log: $AIRFLOW_HOME/demo.log)"

@@ -26,6 +26,10 @@ def main() -> int:
     result = json.loads(newest.read_text())
     print(f"report: {result['report']}")
     print(f"held-out accuracy: {result['holdout_accuracy']:.4f}")
+    if result.get("predicted_total_s") is not None and result.get("actual_train_s"):
+        print(f"training time: predicted {result['predicted_total_s']:.1f} s, actual {result['actual_train_s']:.1f} s "
+              f"(error {100 * result['prediction_error']:+.1f}%); balance efficiency "
+              f"{100 * (result.get('balance_efficiency') or 0):.1f}%")
     run = newest.parent.parent
     promote = run / "promote" / "result.json"
     if not promote.is_file():
