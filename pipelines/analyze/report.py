@@ -456,13 +456,13 @@ def _timing_parts(estimate: dict | None, learned: dict | None) -> str:
         out.append(f"<p>This run was not added to the profile bank: {_e(str(learned.get('why_not')))}.</p>")
     profiles = (estimate or {}).get("profiles") or {}
     out.append(_table(["Device type", "Step time from", "Fixed (ms)", "Per sample (µs)", "Max batch"],
-                      [(name, _e(str(p.get("source", ""))), _num(1e3 * p["fixed_s"]), _num(1e6 * p["per_sample_s"]),
+                      [(name, str(p.get("source", "")), _num(1e3 * p["fixed_s"]), _num(1e6 * p["per_sample_s"]),
                         _num(p.get("max_batch"))) for name, p in profiles.items()]))
     earlier = (learned or {}).get("earlier") or []
     if earlier:
         out.append("<h3>Earlier runs of this model on this pool</h3>")
         out.append(_table(["Run", "Predicted (s)", "Actual (s)", "Error"],
-                          [(_e(r["run"]), _num(r["predicted_s"]), _num(r["actual_s"]), _Raw(_pct(r["error"]))) for r in earlier]))
+                          [(r["run"], _num(r["predicted_s"]), _num(r["actual_s"]), _Raw(_pct(r["error"]))) for r in earlier]))
     return "".join(out)
 
 
