@@ -41,18 +41,25 @@ def _now() -> str:
     return dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
 
 
+def open_filesystem(uri: str, field: str) -> tuple[Any, str, bool]:
+    """``(filesystem, root path, is local)`` of a path or URI through ``pyarrow.fs``; a StageError
+    naming the spec ``field`` when it cannot be opened (an unknown scheme, no credentials, a
+    malformed URI)."""
+    import pyarrow.fs as pafs
+
+    try:
+        fs, root = pafs.FileSystem.from_uri(uri if "://" in uri else os.path.abspath(uri))
+    except Exception as e:
+        raise StageError(f"{field} {uri!r}: cannot open it ({e})") from None
+    return fs, root, isinstance(fs, pafs.LocalFileSystem)
+
+
 class ModelStore:
     """The versions of the models under one store URI."""
 
     def __init__(self, uri: str):
-        import pyarrow.fs as pafs
-
         self.uri = str(uri).rstrip("/")
-        try:
-            self.fs, self.root = pafs.FileSystem.from_uri(self.uri if "://" in self.uri else os.path.abspath(self.uri))
-        except Exception as e:  # an unknown scheme, no credentials, a malformed URI
-            raise StageError(f"model_store {self.uri!r}: cannot open it ({e})") from None
-        self.local = isinstance(self.fs, pafs.LocalFileSystem)
+        self.fs, self.root, self.local = open_filesystem(self.uri, "model_store")
 
     # -------------------------------------------------------------------------- reading
     def model_dir(self, name: str) -> str:

@@ -145,14 +145,10 @@ class ProfileBank:
     """The bank under one URI (see the module docstring)."""
 
     def __init__(self, uri: str):
-        import pyarrow.fs as pafs
+        from pipelines.modelstore import open_filesystem
 
         self.uri = str(uri).rstrip("/")
-        try:
-            self.fs, self.root = pafs.FileSystem.from_uri(self.uri if "://" in self.uri else os.path.abspath(self.uri))
-        except Exception as e:  # an unknown scheme, no credentials, a malformed URI
-            raise BankError(f"estimate.profile_bank {self.uri!r}: cannot open it ({e})") from None
-        self.local = isinstance(self.fs, pafs.LocalFileSystem)
+        self.fs, self.root, self.local = open_filesystem(self.uri, "estimate.profile_bank")
 
     # ------------------------------------------------------------------------------ writing
     def append(self, table: str, rows: list[dict[str, Any]]) -> str | None:

@@ -188,14 +188,11 @@ def calibration_command(
     return command(str(spec_file), device, str(out), threads, batch_sizes, min_seconds, python=sys.executable)
 
 
-def run_calibration(
-    cmd: list[str], env: dict[str, str], device: Any, out: Path, limiter: Any, timeout_s: float
-) -> tuple[dict[str, Any], bool]:
-    """Run one calibration child, placed in ``device``'s cores and quota right after it starts.
-
-    Returns the profile it wrote to ``out`` and whether its quota was enforced.  Raises StageError
-    when it runs past ``timeout_s``, fails, or writes no profile (with its last output lines).
-    """
+def run_placed(cmd: list[str], env: dict[str, str], device: Any, limiter: Any, timeout_s: float,
+               what: str) -> tuple[str, int, bool]:
+    """Run ``cmd`` placed in ``device``'s cores and quota right after it starts (TensorFlow's import
+    takes seconds, so the measurement always runs limited).  Returns its output, exit code and
+    whether the quota was enforced; a StageError naming ``what`` when it runs past ``timeout_s``."""
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     enforced = limiter.limit(proc.pid, device.name, device.local.cpu_share, device.local.cpus,
                              period_us=int(device.local.cpu_period_ms * 1000))
@@ -204,14 +201,21 @@ def run_calibration(
     except subprocess.TimeoutExpired:
         proc.kill()
         proc.communicate()
-        raise StageError(
-            f"calibration of device type {device.name!r} took longer than {timeout_s:.0f} s"
-        ) from None
-    if proc.returncode != 0 or not out.is_file():
+        raise StageError(f"{what} took longer than {timeout_s:.0f} s") from None
+    return output, proc.returncode, bool(enforced)
+
+
+def run_calibration(
+    cmd: list[str], env: dict[str, str], device: Any, out: Path, limiter: Any, timeout_s: float
+) -> tuple[dict[str, Any], bool]:
+    """Run one calibration child (:func:`run_placed`); returns the profile it wrote to ``out`` and
+    whether its quota was enforced.  Raises StageError when it fails or writes no profile (with its
+    last output lines)."""
+    what = f"calibration of device type {device.name!r}"
+    output, code, enforced = run_placed(cmd, env, device, limiter, timeout_s, what)
+    if code != 0 or not out.is_file():
         tail = "\n".join(output.strip().splitlines()[-5:])
-        raise StageError(
-            f"calibration of device type {device.name!r} failed (exit {proc.returncode}): {tail}"
-        )
+        raise StageError(f"{what} failed (exit {code}): {tail}")
     return json.loads(out.read_text()), enforced
 
 

@@ -160,8 +160,7 @@ def run_sweep(pool: Any, device: str, launcher: str, bank_uri: str, size: str, *
 def profile_device(pool_source: str, device: str, bank: str, size: str, *, source: str | None = None,
                    timeout_s: float = 3600.0) -> dict[str, Any]:
     """Locally: run the sweep child for ``device`` pinned and capped as that type; returns its result."""
-    import subprocess
-
+    from pipelines.estimate.profile import run_placed
     from pipelines.launch.cgroups import CpuLimiter, threads_for
     from pipelines.profiling import sweep_command
     from pipelines.spec import load_pool, read_mapping
@@ -177,23 +176,15 @@ def profile_device(pool_source: str, device: str, bank: str, size: str, *, sourc
     env = {**os.environ, **MALLOC_ENV, ENV_THREADS: str(threads), "TF_CPP_MIN_LOG_LEVEL": "2"}
     limiter = CpuLimiter(f"profile-{os.getpid()}-{uuid.uuid4().hex[:6]}")
     try:
-        proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-        enforced = limiter.limit(proc.pid, dev.name, dev.local.cpu_share, dev.local.cpus,
-                                 period_us=int(dev.local.cpu_period_ms * 1000))
-        try:
-            output, _ = proc.communicate(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.communicate()
-            raise StageError(f"profiling device type {device!r} took longer than {timeout_s:.0f} s") from None
+        output, code, enforced = run_placed(cmd, env, dev, limiter, timeout_s, f"profiling device type {device!r}")
     finally:
         limiter.cleanup()
     for line in output.strip().splitlines()[-40:]:
         log.info("[%s] %s", device, line)
     result = last_json_object(output.splitlines())
-    if proc.returncode != 0 or result is None:
+    if code != 0 or result is None:
         tail = "\n".join(output.strip().splitlines()[-5:])
-        raise StageError(f"profiling device type {device!r} failed (exit {proc.returncode}): {tail}")
+        raise StageError(f"profiling device type {device!r} failed (exit {code}): {tail}")
     return {**result, "quota_enforced": bool(enforced), "cpu_share": dev.local.cpu_share, "threads": threads}
 
 
