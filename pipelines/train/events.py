@@ -43,16 +43,19 @@ def write_histogram(tag: str, values, buckets: int = BUCKETS) -> None:
     import tensorflow as tf
     from tensorboard.plugins.histogram import metadata
 
-    data = tf.reshape(tf.cast(values, tf.float64), [-1])
+    data = tf.reshape(tf.convert_to_tensor(values), [-1])
+    if data.dtype not in (tf.float32, tf.float64):  # counted in float32 unless float64: twice as fast
+        data = tf.cast(data, tf.float64 if data.dtype.is_integer else tf.float32)
     if int(tf.size(data)) == 0:
         table = tf.zeros((buckets, 3), tf.float64)
     else:
         lo, hi = tf.reduce_min(data), tf.reduce_max(data)
+        low, high, n = tf.cast(lo, tf.float64), tf.cast(hi, tf.float64), tf.cast(tf.size(data), tf.float64)
         if float(hi - lo) == 0.0:  # one value: every edge at it, all counted in the last bucket
-            edges = tf.fill([buckets + 1], hi)
-            counts = tf.concat([tf.zeros([buckets - 1], tf.float64), [tf.cast(tf.size(data), tf.float64)]], 0)
+            edges = tf.fill([buckets + 1], high)
+            counts = tf.concat([tf.zeros([buckets - 1], tf.float64), [n]], 0)
         else:
-            edges = tf.concat([tf.linspace(lo, hi, buckets + 1)[:-1], [hi]], 0)
+            edges = tf.concat([tf.linspace(low, high, buckets + 1)[:-1], [high]], 0)
             counts = tf.cast(tf.histogram_fixed_width(data, tf.stack([lo, hi]), nbins=buckets), tf.float64)
         table = tf.stack([edges[:-1], edges[1:], counts], axis=1)
     tf.summary.write(tag, table, metadata=metadata.create_summary_metadata(display_name=None, description=None))
