@@ -302,7 +302,8 @@ def _time_bars(ax: Any, ranks: list[dict], loop_s: float | None) -> None:
     if loop_s:
         ax.axhline(loop_s, color="black", linestyle="--", linewidth=1, label="loop wall time")
     ax.set(title="Time per rank (steady loop)", ylabel="seconds")
-    ax.legend(fontsize=8)
+    ax.set_ylim(0, 1.45 * max([*bottom, loop_s or 0.0, 1e-9]))  # room for the legend above the bars
+    ax.legend(fontsize=7, ncol=2, loc="upper center")
 
 
 def _rank_bars(ranks: list[dict], loop_s: float | None = None) -> str:
@@ -380,11 +381,15 @@ def _balance(train: dict, scalars: dict, metrics: dict) -> str:
     if not points:
         return text + _missing("No balance/efficiency scalars in the event files.")
     fig, (ax,) = _figure()
-    ax.plot(*_xy(points), color="C5")
+    steps, values = _xy(points)
+    ax.plot(steps[1:], values[1:], color="C5", marker=".", label="window")
+    ax.plot(steps[:1], values[:1], color="grey", marker="o", linestyle="", label="first window (left out)")
+    if metrics.get("balance_efficiency") is not None:
+        ax.axhline(metrics["balance_efficiency"], color="C5", linestyle=":", label="run")
     ax.axhline(1.0, color="grey", linestyle="--", linewidth=1)
-    ax.set(title="Balance efficiency per window (1 = every rank computed all the time)", xlabel="step",
-           ylabel="efficiency")
+    ax.set(title="Balance efficiency per window (1 = no rank waited)", xlabel="step", ylabel="efficiency")
     ax.set_ylim(0, 1.05)
+    ax.legend(fontsize=8, loc="lower right")
     ax.grid(alpha=0.3)
     return text + _img(fig, "balance efficiency over time")
 
