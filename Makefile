@@ -5,7 +5,7 @@ VENV := .venv
 TVENV := .venv-trainer
 AIRFLOW_HOME ?= $(CURDIR)/.airflow
 DATA ?= $(CURDIR)/data/sample
-ROWS_PER_DAY ?= 2000
+ROWS_PER_DAY ?= 6000
 DAYS ?= 3
 
 export AIRFLOW_HOME

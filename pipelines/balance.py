@@ -12,7 +12,8 @@ With ranks i = 1..N, local batches b_i and global batch B = sum(b_i):
   rank runs the same number of steps and all ranks together see every row exactly once;
 * :func:`sustained_rate` turns what a rank measured over some steps into the speed it can keep up;
 * :func:`drifted` decides when measured speeds moved enough to re-allocate, and :func:`damped`
-  halves a re-allocation that would undo the previous one.
+  halves a re-allocation that would undo the previous one;
+* :func:`balance_efficiency` says how much of the loop's wall time the ranks spent computing.
 """
 
 from __future__ import annotations
@@ -253,8 +254,23 @@ def damped(current: Sequence[int], target: Sequence[int], previous: Sequence[int
     return [max(1, b) for b in split_proportional(sum(current), [(c + t) / 2 for c, t in zip(current, target, strict=True)])]
 
 
-def balance_efficiency(compute_s: Sequence[float], step_s: float) -> list[float]:
-    """Per rank: useful compute time / step time (1.0 means the rank never waited)."""
-    if step_s <= 0:
+def compute_shares(compute_s: Sequence[float], loop_s: float) -> list[float]:
+    """Per rank: the share of the loop's wall time ``loop_s`` it spent in its forward and backward
+    pass (1.0: it never waited for another rank, its input or the host)."""
+    if loop_s <= 0:
         return [0.0 for _ in compute_s]
-    return [min(1.0, c / step_s) for c in compute_s]
+    return [min(1.0, max(0.0, c) / loop_s) for c in compute_s]
+
+
+def balance_efficiency(compute_s: Sequence[float], loop_s: float) -> float:
+    """The share of the loop's wall time that the ranks spent computing: sum(compute_i) / (N * loop_s).
+
+    ``loop_s`` is one wall time that every rank's compute, allreduce wait, input wait and other
+    host time add up to (docs/ARCHITECTURE.md, "Heterogeneous synchronous training"), so the run's
+    figure is the mean of the ranks' :func:`compute_shares`.  Perfectly balanced ranks that never
+    wait score 1.0; a rank held up by another, by its input or by host work (a checkpoint) lowers it.
+    A quota-limited rank that the kernel stops in its forward and backward pass counts the stop as
+    compute: the device is slow there, not waiting.
+    """
+    shares = compute_shares(compute_s, loop_s)
+    return sum(shares) / len(shares) if shares else 0.0

@@ -1,5 +1,5 @@
-"""Print the newest run's report path, held-out accuracy, published version and whether it was
-promoted; exit 1 if the run did not finish."""
+"""Print the newest run's report path, held-out accuracy, training time and balance efficiency,
+published version and whether it was promoted; exit 1 if the run did not finish."""
 
 from __future__ import annotations
 
@@ -31,6 +31,11 @@ def main() -> int:
               f"(error {100 * result['prediction_error']:+.1f}%); balance efficiency "
               f"{100 * (result.get('balance_efficiency') or 0):.1f}%")
     run = newest.parent.parent
+    train = json.loads((run / "train" / "result.json").read_text())
+    balance = result.get("balance_efficiency")
+    print(f"training: {train['train_seconds']:.1f} s, balance efficiency "
+          + ("-" if balance is None else f"{balance:.2f}")
+          + " (the share of the steady loop the ranks spent computing)")
     promote = run / "promote" / "result.json"
     if not promote.is_file():
         print("ERROR: the run did not reach the promote task; see the log above", file=sys.stderr)

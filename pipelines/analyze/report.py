@@ -130,7 +130,7 @@ def _summary(train: dict, evaluation: dict | None, estimate: dict | None, metric
         ("Global batch", train.get("global_batch")),
         ("Ranks", len(train.get("ranks") or [])),
         ("Training throughput (samples/s)", train.get("samples_per_sec")),
-        ("Mean balance efficiency", _Raw(_pct(metrics.get("balance_efficiency")))),
+        ("Balance efficiency", _Raw(_pct(metrics.get("balance_efficiency")))),
         ("Learning rate", train.get("learning_rate")),
         ("Training time (s)", train.get("train_seconds")),
         ("Predicted time (s)", ((estimate or {}).get("plan") or {}).get("predicted_total_s")),
@@ -285,25 +285,33 @@ def _rank_series(scalars: dict, name: str) -> dict[int, list]:
     return dict(sorted(out.items()))
 
 
-def _rank_bars(ranks: list[dict]) -> str:
-    """Bars per rank: time (compute, allreduce wait, input wait), throughput and local batch."""
+# The parts of a rank's steady loop time (pipelines.train.window.run_figures), stacked in this order.
+_TIME_PARTS = (("compute_s", "compute", "C0"), ("wait_s", "allreduce wait", "C3"),
+               ("input_wait_s", "input wait", "C7"), ("other_s", "other (host)", "C8"))
+
+
+def _time_bars(ax: Any, ranks: list[dict], loop_s: float | None) -> None:
+    """One stacked bar per rank: its compute, allreduce wait, input wait and other time, which add
+    up to the steady loop's wall time (drawn as a line)."""
+    x = list(range(len(ranks)))
+    bottom = [0.0] * len(ranks)
+    for key, label, color in _TIME_PARTS:
+        part = [float(r.get(key) or 0) for r in ranks]
+        ax.bar(x, part, bottom=bottom, label=label, color=color)
+        bottom = [b + p for b, p in zip(bottom, part, strict=True)]
+    if loop_s:
+        ax.axhline(loop_s, color="black", linestyle="--", linewidth=1, label="loop wall time")
+    ax.set(title="Time per rank (steady loop)", ylabel="seconds")
+    ax.set_ylim(0, 1.45 * max([*bottom, loop_s or 0.0, 1e-9]))  # room for the legend above the bars
+    ax.legend(fontsize=7, ncol=2, loc="upper center")
+
+
+def _rank_bars(ranks: list[dict], loop_s: float | None = None) -> str:
+    """Bars per rank: time (compute, allreduce wait, input wait, other), throughput and local batch."""
     labels = [f"{r.get('rank')}\n{r.get('device', '')}" for r in ranks]
     x = list(range(len(ranks)))
-    compute = [float(r.get("compute_s") or 0) for r in ranks]
-    wait = [float(r.get("wait_s") or 0) for r in ranks]
-    input_wait = [float(r.get("input_wait_s") or 0) for r in ranks]
     fig, (ax1, ax2, ax3) = _figure(3, width=4.2)
-    ax1.bar(x, compute, label="compute", color="C0")
-    ax1.bar(x, wait, bottom=compute, label="allreduce wait", color="C3")
-    ax1.bar(
-        x,
-        input_wait,
-        bottom=[c + w for c, w in zip(compute, wait, strict=True)],
-        label="input wait",
-        color="C7",
-    )
-    ax1.set(title="Time per rank", ylabel="seconds")
-    ax1.legend(fontsize=8)
+    _time_bars(ax1, ranks, loop_s)
     ax2.bar(x, [float(r.get("samples_per_sec") or 0) for r in ranks], color="C2")
     ax2.set(title="Throughput per rank", ylabel="samples / s")
     ax3.bar(x, [float(r.get("batch") or 0) for r in ranks], color="C4")
@@ -324,11 +332,13 @@ def _rank_table(ranks: list[dict]) -> str:
             r.get("compute_s"),
             r.get("wait_s"),
             r.get("input_wait_s"),
+            r.get("other_s"),
             _Raw(_pct(r.get("balance_efficiency"))),
         )
         for r in ranks
     ]
-    headers = ["Rank", "Device", "Batch", "Samples/s", "Compute s", "Allreduce wait s", "Input wait s", "Efficiency"]
+    headers = ["Rank", "Device", "Batch", "Samples/s", "Compute s", "Allreduce wait s", "Input wait s", "Other s",
+               "Computing share"]
     return _table(headers, rows, left=2)
 
 
@@ -352,22 +362,34 @@ def _rank_series_plot(scalars: dict) -> str:
 def _per_rank(train: dict, scalars: dict) -> str:
     ranks = sorted(train.get("ranks") or [], key=lambda r: r.get("rank", 0))
     if ranks:
-        parts = [_rank_bars(ranks), _rank_table(ranks)]
+        parts = [_rank_bars(ranks, train.get("steady_seconds")), _rank_table(ranks)]
     else:
         parts = [_missing("The train result lists no ranks.")]
     return "".join(parts) + _rank_series_plot(scalars)
 
 
-def _balance(scalars: dict, metrics: dict) -> str:
+def _balance(train: dict, scalars: dict, metrics: dict) -> str:
+    steady = train.get("steady_seconds")
+    loop = f"the {_num(steady)} s steady loop" if steady is not None else "the steady loop"
+    text = (
+        f"<p>{_pct(metrics.get('balance_efficiency'))} of {loop} (every window of steps but the first, which "
+        "also traces the graph) was spent computing, summed over the ranks and divided by the ranks times its "
+        "wall time: the mean of the ranks' computing shares above. Waiting in the allreduce for another rank, "
+        "for input or for host work lowers it; a slow device that computes all the time does not.</p>"
+    )
     points = scalars.get("balance/efficiency")
-    text = f"<p>Mean over ranks at the end of training: {_pct(metrics.get('balance_efficiency'))}.</p>"
     if not points:
         return text + _missing("No balance/efficiency scalars in the event files.")
     fig, (ax,) = _figure()
-    ax.plot(*_xy(points), color="C5")
+    steps, values = _xy(points)
+    ax.plot(steps[1:], values[1:], color="C5", marker=".", label="window")
+    ax.plot(steps[:1], values[:1], color="grey", marker="o", linestyle="", label="first window (left out)")
+    if metrics.get("balance_efficiency") is not None:
+        ax.axhline(metrics["balance_efficiency"], color="C5", linestyle=":", label="run")
     ax.axhline(1.0, color="grey", linestyle="--", linewidth=1)
-    ax.set(title="Balance efficiency (1 = no rank waits)", xlabel="step", ylabel="efficiency")
+    ax.set(title="Balance efficiency per window (1 = no rank waited)", xlabel="step", ylabel="efficiency")
     ax.set_ylim(0, 1.05)
+    ax.legend(fontsize=8, loc="lower right")
     ax.grid(alpha=0.3)
     return text + _img(fig, "balance efficiency over time")
 
@@ -625,7 +647,7 @@ def build_report(
         "Learning-rate schedule": _lr_schedule(scalars),
         "Weight distributions": _weights(histograms),
         "Per-rank throughput and waiting": _per_rank(train, scalars),
-        "Balance efficiency": _balance(scalars, metrics),
+        "Balance efficiency": _balance(train, scalars, metrics),
         "Re-balance events": _rebalances(train),
         "Predicted vs actual run time": _timing(train, estimate, metrics) + _timing_parts(estimate, learned),
         "Learning-rate range test": _lr_test(lr_search),

@@ -43,7 +43,7 @@ def _location(value: str | None, run_dir: RunDir, default: str) -> str:
 
 
 def derived_metrics(train: dict, estimate: dict | None) -> dict[str, Any]:
-    """``balance_efficiency`` (mean over ranks), ``predicted_total_s``, ``actual_train_s``,
+    """``balance_efficiency`` (the train result's, else the mean of its ranks'), ``predicted_total_s``, ``actual_train_s``,
     ``prediction_error`` ((predicted - actual) / actual; None when either is missing) and
     ``samples_per_sec`` from the train and estimate results."""
     effs = [
@@ -53,7 +53,7 @@ def derived_metrics(train: dict, estimate: dict | None) -> dict[str, Any]:
     actual = train.get("train_seconds")
     error = (predicted - actual) / actual if predicted is not None and actual else None
     return {
-        "balance_efficiency": sum(effs) / len(effs) if effs else None,
+        "balance_efficiency": train.get("balance_efficiency", sum(effs) / len(effs) if effs else None),
         "predicted_total_s": predicted,
         "actual_train_s": actual,
         "prediction_error": error,

@@ -151,6 +151,7 @@ class Trainer:
         self.window_steps = max(1, t.rebalance_every_steps or args.window)  # steps between shared figures
         self.warmup_steps = self.total_steps = 0  # of the learning-rate schedule; set by fit
         self.history: list[dict] = []  # one record per window (pipelines.train.window.window_record)
+        self.met = 0.0  # perf_counter when the ranks last met (a window's figures shared): windows' loop time
         self.last: tuple[float, float] = (math.nan, math.nan)  # loss and accuracy of the last step
         self.warm_started_from: str | None = None  # the model store version training started from
         self.events = None  # rank 0's EventWriter (set by fit); None on the other ranks
@@ -187,6 +188,7 @@ class Trainer:
             self.probe = activation_batch(job)
             events.histograms(step, self.model.trainable_variables)
             events.activations(step, self.model, self.probe)
+        self.met = time.perf_counter()
         try:
             for epoch in range(int(ckpt.epoch.numpy()), job.epochs):
                 order, pos = epoch_permutation(n, t.seed, epoch), int(ckpt.pos.numpy())
@@ -244,7 +246,8 @@ class Trainer:
             if rank == 0 and step % every == 0:  # rank 0 alone writes checkpoints
                 ckpt.mark(epoch, pos)
                 self.save(step)
-        w.seconds, w.cpu_s = time.perf_counter() - t0, time.process_time() - cpu0
+        end = time.perf_counter()
+        w.seconds, w.loop_s, w.cpu_s = end - t0, end - self.met, time.process_time() - cpu0
         w.input_s = inputs.take_wait()
         w.loss, w.accuracy, w.lr = float(reduced[0]), float(reduced[1]), lr
         return w, step, pos, done
@@ -258,6 +261,7 @@ class Trainer:
         if not first:
             self.rebalancer.measure(window)
         figs = self.gather(window.figures(self.rebalancer.rate(self.quota())))  # allgather: every rank's figures, on every rank
+        self.met = time.perf_counter()  # the next window's loop time starts here, on every rank
         if not first:
             self.rebalancer.elapsed(float(figs[:, SECONDS].max()))
         record = window_record(step, epoch, figs, self.batches, window)
@@ -364,6 +368,8 @@ class Trainer:
             "loop_seconds": run.loop_seconds,
             "samples_per_sec": run.samples_per_sec,
             "input_wait_fraction": run.input_wait_fraction,
+            "steady_seconds": run.steady_seconds,
+            "balance_efficiency": run.balance_efficiency,
             "learning_rate": job.base_lr,
             "saved_model": str(job.out / "saved_model"),
             "events_dir": str(job.out / "events"),

@@ -4,6 +4,11 @@ record all ranks keep of it, and the run's figures summed over the records.
 Between windows the ranks share their figures and may re-balance (docs/ARCHITECTURE.md,
 "Heterogeneous synchronous training").  Nothing here imports TensorFlow; ``figs`` below is the
 NumPy array ``[ranks, len(FIGURES)]`` of every rank's :meth:`Window.figures`.
+
+A window's loop time runs from the moment the ranks last met (the previous window's figures were
+shared) to its last step, so it is one wall time for every rank: what rank 0 does between windows
+(events, an epoch's checkpoint) is in its own loop time as host time and in the others' as
+allreduce wait, and each rank's compute, allreduce wait, input wait and other time add up to it.
 """
 
 from __future__ import annotations
@@ -11,12 +16,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from pipelines.balance import StepSlice, balance_efficiency, epoch_steps
+from pipelines.balance import StepSlice, balance_efficiency, compute_shares, epoch_steps
 from pipelines.step import step_weight
 
 # The columns of ``figs``: the order of Window.figures().
-FIGURES = ("compute_s", "wait_s", "input_s", "samples", "seconds", "rate")
-COMPUTE, WAIT, INPUT, SAMPLES, SECONDS, RATE = range(len(FIGURES))
+FIGURES = ("compute_s", "wait_s", "input_s", "samples", "seconds", "rate", "loop_s")
+COMPUTE, WAIT, INPUT, SAMPLES, SECONDS, RATE, LOOP = range(len(FIGURES))
 
 
 @dataclass(frozen=True)
@@ -46,7 +51,8 @@ class Window:
     wait_s: float = 0.0  # in the allreduce, waiting for the other ranks
     input_s: float = 0.0  # waiting for the input pipeline
     samples: float = 0.0  # rows trained on
-    seconds: float = 0.0  # wall time of the window
+    seconds: float = 0.0  # wall time of the window's steps (what the speed is measured over)
+    loop_s: float = 0.0  # wall time since the ranks last met: the steps and what came before them
     cpu_s: float = 0.0  # CPU time of the process meanwhile (every thread)
     loss: float = float("nan")  # of its last step, averaged over the global batch
     accuracy: float = float("nan")
@@ -54,12 +60,15 @@ class Window:
 
     def figures(self, rate: float) -> list[float]:
         """What every rank shares after the window, in the order of FIGURES."""
-        return [self.compute_s, self.wait_s, self.input_s, self.samples, self.seconds, rate]
+        return [self.compute_s, self.wait_s, self.input_s, self.samples, self.seconds, rate, self.loop_s]
 
 
 def window_record(step: int, epoch: int, figs, batches: Sequence[int], window: Window) -> dict:
-    """The run's record of a window (the same on every rank): loss, rate and every rank's figures."""
-    seconds = float(figs[:, SECONDS].max())  # the window ends for all with the slowest rank
+    """The run's record of a window (the same on every rank): loss, rate and every rank's figures.
+
+    ``seconds`` is the window's loop time (the longest rank's, which differ by the moments the
+    ranks leave the last allreduce) and ``efficiency`` each rank's share of it spent computing."""
+    seconds = float(figs[:, LOOP].max())
     return {
         "step": step,
         "epoch": epoch,
@@ -73,33 +82,40 @@ def window_record(step: int, epoch: int, figs, batches: Sequence[int], window: W
         "samples": figs[:, SAMPLES].tolist(),
         "rate": figs[:, RATE].tolist(),
         "seconds": seconds,
-        "efficiency": balance_efficiency(figs[:, COMPUTE].tolist(), seconds),
+        "efficiency": compute_shares(figs[:, COMPUTE].tolist(), seconds),
     }
 
 
 @dataclass
 class RunFigures:
-    """The whole run's speed, summed over the window records."""
+    """The whole run's speed and balance, summed over the window records."""
 
-    ranks: list[dict] = field(default_factory=list)  # per rank: device, batch, speed, times
-    loop_seconds: float = 0.0
-    samples_per_sec: float = 0.0
-    input_wait_fraction: float = 0.0
+    ranks: list[dict] = field(default_factory=list)  # per rank over the steady loop: device, batch, speed, times
+    loop_seconds: float = 0.0  # every window
+    samples_per_sec: float = 0.0  # over every window
+    input_wait_fraction: float = 0.0  # of the steady loop
+    steady_seconds: float = 0.0  # the windows after the first, which also traced the graph
+    balance_efficiency: float = 0.0  # sum(compute_i) / (N * steady_seconds)
 
 
 def run_figures(history: Sequence[dict], devices: Sequence[str], batches: Sequence[int]) -> RunFigures:
-    """Per rank: samples/s of compute, compute, wait and input time, and the share of the loop's
-    wall time it computed; for the run: samples/s over the loop's wall time, and the largest
-    share of it any rank waited for its input."""
+    """The run's figures from its window records.
+
+    Over the whole loop: its wall time and samples/s.  Over the steady loop, every window but the
+    process's first (which also traces the graph; a run of one window keeps it): per rank its
+    samples/s of compute, and its compute, allreduce wait, input wait and other (host) time, which
+    add up to the steady loop's wall time, and its share of that time computing; for the run the
+    mean of those shares, :func:`pipelines.balance.balance_efficiency`, and the largest share any
+    rank waited for its input.
+    """
     import numpy as np
 
     if not history:
         return RunFigures()
-    comp = np.sum([h["compute_s"] for h in history], axis=0)
-    wait = np.sum([h["wait_s"] for h in history], axis=0)
-    inp = np.sum([h["input_s"] for h in history], axis=0)
-    samples = np.sum([h["samples"] for h in history], axis=0)
-    wall = sum(h["seconds"] for h in history)
+    steady = history[1:] or history
+    comp, wait, inp, samples = (np.sum([h[k] for h in steady], axis=0) for k in ("compute_s", "wait_s", "input_s", "samples"))
+    wall = sum(h["seconds"] for h in steady)
+    shares = compute_shares(comp.tolist(), wall)
     ranks = [
         {
             "rank": i,
@@ -109,13 +125,17 @@ def run_figures(history: Sequence[dict], devices: Sequence[str], batches: Sequen
             "compute_s": float(comp[i]),
             "wait_s": float(wait[i]),
             "input_wait_s": float(inp[i]),
-            "balance_efficiency": float(min(1.0, comp[i] / max(wall, 1e-9))),
+            "other_s": float(max(0.0, wall - comp[i] - wait[i] - inp[i])),
+            "balance_efficiency": shares[i],
         }
         for i in range(len(batches))
     ]
+    total = sum(h["seconds"] for h in history)
     return RunFigures(
         ranks=ranks,
-        loop_seconds=wall,
-        samples_per_sec=float(samples.sum()) / max(wall, 1e-9),
+        loop_seconds=total,
+        samples_per_sec=float(np.sum([h["samples"] for h in history])) / max(total, 1e-9),
         input_wait_fraction=float(max(r["input_wait_s"] for r in ranks) / max(wall, 1e-9)),
+        steady_seconds=wall,
+        balance_efficiency=balance_efficiency(comp.tolist(), wall),
     )

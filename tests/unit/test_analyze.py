@@ -492,6 +492,42 @@ def test_per_rank_section_pieces():
     assert "lists no ranks" in _per_rank({}, {"rank0/batch": [(0, 0.0, 40.0)]})
 
 
+def test_time_bars_stack_every_part_of_each_ranks_loop(monkeypatch):
+    import pipelines.analyze.report as report
+
+    ranks = [
+        {"rank": 0, "device": "fast", "batch": 40, "compute_s": 8.0, "wait_s": 0.5, "input_wait_s": 0.2, "other_s": 0.8},
+        {"rank": 1, "device": "slow", "batch": 24, "compute_s": 9.0, "wait_s": 0.4, "input_wait_s": 0.1, "other_s": 0.0},
+    ]
+    figures = []
+    real_img = report._img
+    monkeypatch.setattr(report, "_img", lambda fig, alt: figures.append(fig) or real_img(fig, alt))
+    html_text = report._per_rank({"ranks": ranks, "steady_seconds": 9.5}, {})
+    ax = figures[0].axes[0]
+    tops = {round(p.get_x() + p.get_width() / 2): p.get_y() + p.get_height() for p in ax.patches}
+    assert tops == pytest.approx({0: 9.5, 1: 9.5})  # both ranks' parts reach the same loop wall time
+    assert {t.get_text() for t in ax.get_legend().get_texts()} == {
+        "compute", "allreduce wait", "input wait", "other (host)", "loop wall time"}
+    assert "<th>Other s</th>" in html_text and "<td>0.8</td>" in html_text
+
+
+def test_balance_section_says_what_the_figure_is():
+    from pipelines.analyze.report import _balance
+
+    text = _balance({"steady_seconds": 12.5}, {}, {"balance_efficiency": 0.8432})
+    assert "84.3% of the 12.5 s steady loop" in text and "spent computing" in text
+    assert "No balance/efficiency scalars" in text
+
+
+def test_balance_efficiency_metric_is_the_train_results():
+    from pipelines.analyze.stage import derived_metrics
+
+    ranks = [{"balance_efficiency": 0.9}, {"balance_efficiency": 0.8}]
+    assert derived_metrics({"balance_efficiency": 0.7, "ranks": ranks}, None)["balance_efficiency"] == 0.7
+    assert derived_metrics({"ranks": ranks}, None)["balance_efficiency"] == pytest.approx(0.85)  # an older result
+    assert derived_metrics({}, None)["balance_efficiency"] is None
+
+
 def test_confusion_metrics_and_empty_class():
     m = confusion_metrics([[3, 1, 0], [0, 0, 0], [1, 0, 5]])
     assert m["accuracy"] == pytest.approx(0.8) and m["rows"] == 10

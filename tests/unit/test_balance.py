@@ -10,6 +10,7 @@ from pipelines.balance import (
     AllocationError,
     allocate,
     balance_efficiency,
+    compute_shares,
     damped,
     drifted,
     epoch_steps,
@@ -165,5 +166,11 @@ def test_drift_detection():
     assert drifted([100, 40], [1000.0, 200.0], 0.1)
 
 
-def test_balance_efficiency():
-    assert balance_efficiency([0.5, 1.0], 1.0) == [0.5, 1.0]
+def test_balance_efficiency_is_the_share_of_the_loop_spent_computing():
+    # Two ranks over a 2 s loop: 1.8 s and 1.4 s of compute -> (1.8 + 1.4) / (2 * 2.0).
+    assert compute_shares([1.8, 1.4], 2.0) == pytest.approx([0.9, 0.7])
+    assert balance_efficiency([1.8, 1.4], 2.0) == pytest.approx(0.8)
+    assert balance_efficiency([2.0, 2.0, 2.0], 2.0) == pytest.approx(1.0)  # nobody ever waited
+    # Clock noise cannot make a rank compute more than the whole loop; an empty loop is 0.
+    assert compute_shares([2.0001, 1.0], 2.0) == pytest.approx([1.0, 0.5])
+    assert balance_efficiency([1.0, 1.0], 0.0) == 0.0 and balance_efficiency([], 1.0) == 0.0

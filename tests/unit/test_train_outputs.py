@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from pipelines.analyze.events import read_histograms, read_scalars
-from pipelines.train.events import EventWriter, weight_tags
+from pipelines.train.events import EventWriter, weight_tags, write_histogram
 from pipelines.train.export import export_saved_model
 
 pytestmark = pytest.mark.trainer
@@ -69,6 +69,23 @@ def test_weight_histograms_read_back_without_tensorflow(tmp_path):
     before, after = got["weights/hidden/bias"][0][2], got["weights/hidden/bias"][1][2]
     assert {(a, b) for a, b, c in before if c} == {(0.0, 0.0)}  # zeros at initialisation
     assert (after[0][0], after[-1][1]) == (0.5, 3.5)
+
+
+@pytest.mark.parametrize("values", [np.random.default_rng(0).normal(size=(64, 7, 7, 3)), np.full(5, 0.25), np.zeros(0)],
+                         ids=["spread", "one value", "empty"])
+def test_histograms_are_the_ones_tf_summary_writes(tmp_path, values):
+    import tensorflow as tf
+
+    writer = tf.summary.create_file_writer(str(tmp_path))
+    with writer.as_default(step=1):
+        write_histogram("ours", values.astype(np.float32))
+        tf.summary.histogram("tf", values.astype(np.float32))
+    writer.flush()
+    got = read_histograms(tmp_path)
+    (_, _, ours), (_, _, theirs) = got["ours"][0], got["tf"][0]
+    assert len(ours) == len(theirs) == 30
+    np.testing.assert_allclose(np.array(ours), np.array(theirs), rtol=1e-9)
+    assert sum(c for _, _, c in ours) == values.size
 
 
 def test_weight_tags_name_layer_and_variable_once_each():
