@@ -98,7 +98,7 @@ def main() -> int:
     generate(str(data), rows_per_day=args.rows_per_day, days=3)
     runs = []
     for i, (model, kwargs, gb) in enumerate(RUNS[: args.runs]):
-        spec = job_spec(str(data), str(POOL), work, bank_uri, model, kwargs, global_batch=gb, epochs=2)
+        spec = job_spec(str(data), str(POOL), work, bank_uri, model, kwargs, global_batch=gb, epochs=2, calibrate="never")
         run_id = f"eval-{i}"
         results = run_pipeline(spec, work / "runs" / run_id, run_id=run_id, dag_id="bench")
         a = results["analyze"]

@@ -28,8 +28,7 @@ def main() -> int:
     print(f"held-out accuracy: {result['holdout_accuracy']:.4f}")
     if result.get("predicted_total_s") is not None and result.get("actual_train_s"):
         print(f"training time: predicted {result['predicted_total_s']:.1f} s, actual {result['actual_train_s']:.1f} s "
-              f"(error {100 * result['prediction_error']:+.1f}%); balance efficiency "
-              f"{100 * (result.get('balance_efficiency') or 0):.1f}%")
+              f"(error {100 * result['prediction_error']:+.1f}%)")
     run = newest.parent.parent
     train = json.loads((run / "train" / "result.json").read_text())
     balance = result.get("balance_efficiency")
