@@ -37,8 +37,11 @@ def run_pipeline(spec: dict[str, Any], run_dir: Path, *, run_id: str, dag_id: st
     """Run ``stages`` of the pipeline with ``spec`` into ``run_dir``, one ``python -m pipelines``
     process each, as the DAG's tasks do; returns each stage's result.  A failed stage raises
     StageError with its last lines."""
+    from pipelines.launch.lifetime import ENV_PARENT
+
     results: dict[str, dict[str, Any]] = {}
-    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"}
+    # The stages end with this process (not with whoever started it, which they would wrongly think dead).
+    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", ENV_PARENT: str(os.getpid())}
     for stage in stages:
         cmd = [sys.executable, "-m", "pipelines", stage, "--spec", json.dumps(spec), "--run-dir", str(run_dir),
                "--dag-id", dag_id, "--run-id", run_id]

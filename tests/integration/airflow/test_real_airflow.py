@@ -271,3 +271,35 @@ def test_killing_a_training_task_stops_its_ranks_and_the_retry_finishes_the_run(
     waited = dt.datetime.fromisoformat(tries[1]["start_date"]) - dt.datetime.fromisoformat(tries[0]["end_date"])
     assert waited.total_seconds() > 0
     NOTES.append(f"the train task's retry started {waited.total_seconds():.0f} s after the killed try failed")
+
+
+def test_profile_pool_maps_a_sweep_per_device_type_and_updates_the_bank_asset(airflow, tmp_path):
+    """The profiling DAG on the scheduler: one mapped sweep per device type of the local pool
+    (serialised by the lock), the probe, the fit and its Asset event; the rows land in the bank
+    and a train_pipeline run can predict from it."""
+    artifacts = tmp_path / "artifacts"
+    conf = {"size": "tiny", "artifact_root": str(artifacts), "reference_runs": False}
+    run = airflow.api.post("/dags/profile_pool/dagRuns", {"logical_date": None, "conf": conf})
+    path = f"/dags/profile_pool/dagRuns/{quote(run['dag_run_id'])}"
+
+    def ended():
+        state = airflow.api.get(path)["state"]
+        return state if state in ("success", "failed") else None
+
+    state = airflow.wait(ended, RUN_TIMEOUT, "the profile_pool run to end", every=3)
+    tis = airflow.api.get(path + "/taskInstances")["task_instances"]
+    states = sorted((ti["task_id"], ti["map_index"], ti["state"]) for ti in tis)
+    assert state == "success", states
+    assert states == [("device_types", -1, "success"), ("fit", -1, "success"), ("probe_allreduce", -1, "success"),
+                      ("reference_runs", -1, "skipped"), ("sweep", 0, "success"), ("sweep", 1, "success")]
+    sweeps = [ti for ti in tis if ti["task_id"] == "sweep"]
+    assert sorted(ti["rendered_map_index"] for ti in sweeps) == ["fast", "slow"]
+    first, second = sorted(sweeps, key=lambda ti: ti["start_date"])
+    assert first["end_date"] <= second["start_date"]  # local sweeps one at a time: timings undisturbed
+    bank = artifacts / "_profiles"
+    assert len(list((bank / "steps").glob("part-*.parquet"))) == 2 * 3  # a file per model and device type
+    assert len(list((bank / "links").glob("part-*.parquet"))) == 1
+    events = airflow.api.get(f"/assets/events?source_dag_id=profile_pool&source_run_id={quote(run['dag_run_id'])}")
+    (event,) = events["asset_events"]
+    assert event["uri"] == "x-hetero://profiles/bank" and event["source_task_id"] == "fit"
+    assert event["extra"]["bank"] == str(bank) and set(event["extra"]["device_types"]) == {"fast", "slow"}
