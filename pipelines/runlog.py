@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import math
-import statistics
 from typing import Any
 
 PARTS = ("startup", "calibration", "tracing", "steps", "checkpoints", "other")
@@ -41,26 +40,48 @@ def actual_parts(summary: dict[str, Any]) -> dict[str, float] | None:
     return parts
 
 
+def part_units(part: str, steps: int) -> float:
+    """What a part's additive cost is counted in: per step for ``steps``, per run for the others."""
+    return float(steps) if part == "steps" else 1.0
+
+
+def fit_correction(points: list[tuple[float, float, float]]) -> dict[str, float] | None:
+    """``actual ≈ factor · predicted + per_unit · units`` over ``(predicted, units, actual)`` points,
+    non-negative least squares weighted for relative error; one point (or predictions that do not
+    vary) gives the ratio alone.  None without a usable point."""
+    import numpy as np
+    from scipy.optimize import nnls
+
+    pts = [(p, u, a) for p, u, a in points if a > 0 and math.isfinite(a) and p >= 0]
+    if not pts:
+        return None
+    pred, units, actual = (np.array(c, dtype=float) for c in zip(*pts, strict=True))
+    if len(pts) == 1 or np.ptp(pred / units) <= 1e-9 * max(1.0, float(np.max(pred / units))):
+        if np.all(pred > 0):
+            return {"factor": float(np.median(actual / pred)), "per_unit": 0.0}
+        return {"factor": 0.0, "per_unit": float(np.median(actual / units))}
+    w = 1.0 / actual
+    coef, _ = nnls(np.column_stack([pred, units]) * w[:, None], actual * w)
+    return {"factor": float(coef[0]), "per_unit": float(coef[1])}
+
+
 def learned_corrections(runs: list[dict[str, Any]], pool_key: str) -> dict[str, Any]:
-    """Per part, the median actual / predicted over the pool's latest runs (``other_s``: the median
-    of ``other``); empty when the pool has no finished run."""
+    """What the pool's latest runs teach each part: ``actual ≈ factor · predicted + per_unit ·
+    units`` (:func:`fit_correction`; units are steps for ``steps``, the run for the others), so a
+    fixed cost (a per-step wait, Horovod's first step) and a proportional one are learned apart.
+    Empty when the pool has no finished run."""
     mine = sorted((r for r in runs if r["pool_key"] == pool_key), key=lambda r: r["recorded_at"])[-LEARN_FROM_RUNS:]
     if not mine:
         return {}
-    out: dict[str, Any] = {"runs": len(mine)}
+    out: dict[str, Any] = {"runs": len(mine), "parts": {}}
     for part in PARTS:
-        ratios, others = [], []
+        points = []
         for r in mine:
             p = json.loads(r["parts"]).get(part) or {}
-            pred, act = p.get("uncorrected"), p.get("actual")
-            if part == "other" and act is not None:
-                others.append(float(act))
-            elif pred and act is not None and pred > 0 and math.isfinite(act):
-                ratios.append(float(act) / float(pred))
-        if part == "other" and others:
-            out["other_s"] = statistics.median(others)
-        elif ratios:
-            out[part] = statistics.median(ratios)
+            if p.get("actual") is not None and p.get("uncorrected") is not None:
+                points.append((float(p["uncorrected"]), part_units(part, r["steps"]), float(p["actual"])))
+        if (fit := fit_correction(points)) is not None:
+            out["parts"][part] = fit
     return out
 
 

@@ -453,6 +453,16 @@ def _timing(train: dict, estimate: dict | None, metrics: dict) -> str:
     return "".join(parts)
 
 
+def _correction(part: str, fit: dict | None) -> str:
+    """A part's learned correction as text: ``× factor + per_unit s per step (or per run)``."""
+    if not fit:
+        return ""
+    terms = [f"× {_num(fit['factor'], 3)}"] if part != "other" else []
+    if fit.get("per_unit"):
+        terms.append(f"+ {_num(1e3 * fit['per_unit'], 3)} ms per step" if part == "steps" else f"+ {_num(fit['per_unit'], 3)} s")
+    return " ".join(terms)
+
+
 def _timing_parts(estimate: dict | None, learned: dict | None) -> str:
     """The run time part by part (predicted, with the correction learned from earlier runs, and
     actual), where each device type's step time came from, and the errors of earlier runs of the
@@ -466,9 +476,8 @@ def _timing_parts(estimate: dict | None, learned: dict | None) -> str:
     rows = []
     for name, predicted in timing["parts"].items():
         actual = (parts or {}).get(name, {}).get("actual")
-        factor = corrections.get("other_s" if name == "other" else name)
-        rows.append((name, _num(predicted), _num(actual) if actual is not None else "not measured",
-                     "" if factor is None else (f"{_num(factor)} s from earlier runs" if name == "other" else f"× {_num(factor)}")))
+        fit = (corrections.get("parts") or {}).get(name)
+        rows.append((name, _num(predicted), _num(actual) if actual is not None else "not measured", _correction(name, fit)))
     out.append(_table(["Part", "Predicted (s)", "Actual (s)", "Learned correction"], rows))
     if corrections.get("runs"):
         out.append(f"<p>Corrections learned from the latest {_num(corrections['runs'])} run(s) on this pool.</p>")

@@ -237,7 +237,8 @@ def test_a_finished_run_teaches_the_next_estimate_in_the_right_direction(tmp_pat
     again = record_run(bank.uri, estimate, _summary(3 * before["total_s"], 2 * before["parts"]["steps"]), "dag/run1/key", "sgd")
     assert again["step_rows_added"] == 0 and len(bank.runs()) == 1  # a retried analyze adds nothing twice
     corrections = learned_corrections(bank.runs(), "pool-1")
-    assert corrections["steps"] > 1.5 and corrections["runs"] == 1 and corrections["other_s"] > 0
+    assert corrections["runs"] == 1 and corrections["parts"]["steps"]["factor"] > 1.5
+    assert corrections["parts"]["other"] == {"factor": 0.0, "per_unit": pytest.approx(learned["parts"]["other"]["actual"])}
     after = predict_parts(plan, profiles, param_bytes=4e5, slots=1, checkpoint_every=200, corrections=corrections)
     assert after["total_s"] > 1.5 * before["total_s"]
     assert learned_corrections(bank.runs(), "another-pool") == {}
@@ -254,3 +255,21 @@ def test_a_resumed_run_is_not_recorded(tmp_path):
     parts = actual_parts(_summary(10, 5))
     assert sum(parts.values()) == pytest.approx(10) and parts["tracing"] == pytest.approx(1.5)
     json.dumps(parts)
+
+
+def test_corrections_learn_a_per_step_cost_apart_from_a_proportional_one():
+    """Runs whose steps cost 1.2x the prediction plus 3 ms each: two runs of different step sizes
+    recover both, and the next prediction of a third size is right; one run gives its ratio."""
+    from pipelines.runlog import fit_correction
+
+    def actual(pred, steps):
+        return 1.2 * pred + 0.003 * steps
+
+    runs = [(1.3, 44), (0.13, 44), (26.0, 96)]
+    fit = fit_correction([(p, n, actual(p, n)) for p, n in runs[:2]])
+    assert (fit["factor"], fit["per_unit"]) == pytest.approx((1.2, 0.003), rel=1e-6)
+    p, n = runs[2]
+    assert fit["factor"] * p + fit["per_unit"] * n == pytest.approx(actual(p, n))
+    assert fit_correction([(2.0, 50, 3.0)]) == {"factor": 1.5, "per_unit": 0.0}
+    assert fit_correction([(0.0, 1.0, 0.4), (0.0, 1.0, 0.2)]) == {"factor": 0.0, "per_unit": pytest.approx(0.3)}
+    assert fit_correction([]) is None
