@@ -60,7 +60,7 @@ def job_spec(data: str, pool: str, workdir: Path, bank: str, model: str, kwargs:
     return {
         "dataset": {"uri": data, "feature_shape": [28, 28, 1], "num_classes": 10},
         "model": {"name": model, "kwargs": kwargs},
-        "training": {"epochs": epochs, "global_batch": global_batch, "learning_rate": 0.05},
+        "training": {"epochs": epochs, "global_batch": global_batch, "learning_rate": 0.02},  # stable for all of them
         "pool": pool,
         "launcher": "local",
         "artifact_root": str(workdir / "artifacts"),
