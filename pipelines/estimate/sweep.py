@@ -14,7 +14,7 @@ Two commands:
 For each model and batch the child records the mean training step (forward, backward, apply)
 over a window of several CFS periods, the first call (tracing included), and the peak memory of
 the step's tensors (weights, optimizer state, activations, gradients, workspace), reset before
-each batch: on a GPU the device allocator's peak (``tf.config.experimental.get_memory_info``); on
+each batch, less what the allocator held before the model was built (earlier models' leftovers): on a GPU the device allocator's peak (``tf.config.experimental.get_memory_info``); on
 a CPU the same figure of TensorFlow's BFC allocator, which the child turns on for the CPU
 (``TF_CPU_ALLOCATOR_USE_BFC``).  The process's resident memory is not used: TensorFlow and oneDNN
 keep freed memory cached, so after the first model it no longer falls or rises with a model's
@@ -84,7 +84,10 @@ class MemoryMeter:
             ctypes.CDLL("libc.so.6").malloc_trim(0)
         except (OSError, AttributeError):
             pass
-        self.base = 0 if self.allocator else (_status_kb("VmRSS") or 0) * 1024
+        if self.allocator:  # what earlier models still hold (caches, lingering references) is not this model's
+            self.base = self.tf.config.experimental.get_memory_info(self.device)["current"]
+        else:
+            self.base = (_status_kb("VmRSS") or 0) * 1024
 
     def start(self) -> None:
         if self.allocator:
@@ -97,7 +100,7 @@ class MemoryMeter:
 
     def peak(self) -> float | None:
         if self.allocator:
-            return float(self.tf.config.experimental.get_memory_info(self.device)["peak"])
+            return max(0.0, float(self.tf.config.experimental.get_memory_info(self.device)["peak"]) - self.base)
         hwm = _status_kb("VmHWM")
         return None if hwm is None else max(0.0, hwm * 1024.0 - self.base)
 
