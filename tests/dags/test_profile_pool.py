@@ -219,7 +219,6 @@ def test_the_probe_runs_on_local_pools_and_is_skipped_on_kubernetes(tmp_path, tr
 
 def test_reference_runs_run_on_local_pools_unless_turned_off(tmp_path, trainer):
     from hetero.profiling import ReferenceRunsOperator
-
     from pipelines.profiling import reference_runs_command
 
     ReferenceRunsOperator(task_id="reference_runs").execute(context(params(tmp_path)))
