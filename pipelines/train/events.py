@@ -44,8 +44,11 @@ def write_histogram(tag: str, values, buckets: int = BUCKETS) -> None:
     from tensorboard.plugins.histogram import metadata
 
     data = tf.reshape(tf.convert_to_tensor(values), [-1])
-    if data.dtype not in (tf.float32, tf.float64):  # counted in float32 unless float64: twice as fast
+    if data.dtype not in (tf.float32, tf.float64):
         data = tf.cast(data, tf.float64 if data.dtype.is_integer else tf.float32)
+    # Non-finite values are left out: a diverging model's weights must not crash rank 0 here
+    # (tf.histogram_fixed_width over an infinite range wrote out of bounds: a segfault).
+    data = tf.boolean_mask(data, tf.math.is_finite(data))
     if int(tf.size(data)) == 0:
         table = tf.zeros((buckets, 3), tf.float64)
     else:
@@ -56,7 +59,10 @@ def write_histogram(tag: str, values, buckets: int = BUCKETS) -> None:
             counts = tf.concat([tf.zeros([buckets - 1], tf.float64), [n]], 0)
         else:
             edges = tf.concat([tf.linspace(low, high, buckets + 1)[:-1], [high]], 0)
-            counts = tf.cast(tf.histogram_fixed_width(data, tf.stack([lo, hi]), nbins=buckets), tf.float64)
+            # The bucket of each value in float64 (a float32 range can overflow), clipped, then counted.
+            scaled = (tf.cast(data, tf.float64) - low) / (high - low) * buckets
+            index = tf.clip_by_value(tf.cast(tf.floor(scaled), tf.int32), 0, buckets - 1)
+            counts = tf.cast(tf.math.bincount(index, minlength=buckets, maxlength=buckets), tf.float64)
         table = tf.stack([edges[:-1], edges[1:], counts], axis=1)
     tf.summary.write(tag, table, metadata=metadata.create_summary_metadata(display_name=None, description=None))
 

@@ -154,3 +154,26 @@ def test_saved_model_normalises_raw_features(tmp_path):
     np.testing.assert_allclose(loaded.serve(tf.constant(x)).numpy(), model((x - 0.5) / 2.0).numpy(), rtol=1e-5)
     assert list(loaded.signatures) == ["serving_default"]
     assert [p.name for p in tmp_path.iterdir()] == ["saved_model"]  # no temporary left behind
+
+
+def test_histograms_of_a_diverging_model_leave_out_non_finite_values(tmp_path):
+    """A diverging model's weights (huge, infinite, NaN) are counted without crashing rank 0:
+    the finite values only, over their range, the float32 extremes included."""
+    import numpy as np
+    import tensorflow as tf
+
+    from pipelines.analyze.events import read_histograms
+    from pipelines.train.events import write_histogram
+
+    values = np.array([-3e38, 1.0, 3e38, np.inf, -np.inf, np.nan], dtype=np.float32)
+    writer = tf.summary.create_file_writer(str(tmp_path))
+    with writer.as_default(step=3):
+        write_histogram("w", values)
+        write_histogram("nan", np.array([np.nan], dtype=np.float32))
+    writer.flush()
+    histograms = read_histograms(str(tmp_path))
+    (_, _, table), = histograms["w"]
+    counts = [row[2] for row in table]
+    assert sum(counts) == 3 and counts[0] == 1 and counts[-1] == 1
+    (_, _, empty), = histograms["nan"]
+    assert sum(row[2] for row in empty) == 0
