@@ -94,7 +94,9 @@ def _input_key(spec: JobSpec, pool: PoolSpec, side_profiles: Path, preload: dict
         spec.objective,
         spec.launcher,
         pool.model_dump(),
-        [_file_hash(side_profiles), _calibration_hash(calibration, pool)],
+        _file_hash(side_profiles),
+        # the pods' profiles are inputs; a local calibration is this stage's own output
+        _calibration_hash(calibration, pool) if spec.launcher == "kubernetes" else None,
         preload.get("input_key"),
         rows_train,
     )

@@ -461,3 +461,43 @@ def test_stage_kubernetes_without_a_profiles_file_plans_from_the_profile_bank(tm
     spec2 = spec.model_copy(update={"estimate": spec.estimate.model_copy(update={"profile_bank": local_only.uri})})
     with pytest.raises(StageError, match=r"no measurement of device type\(s\) \['fast', 'slow'\]"):
         run(spec2, run_dir, StageContext(fresh=True))
+
+
+def test_stage_local_rerun_reuses_its_result_after_calibrating(tmp_path, monkeypatch):
+    """A local estimate's own calibration files do not change its input key: a retry returns the
+    stored result without calibrating again."""
+    from test_estimator import synthetic_rows
+
+    import pipelines.estimate.stage as stage
+    from pipelines.profilebank import ProfileBank, device_key, pool_key
+    from pipelines.spec import load_pool
+    from pipelines.stages import StageContext
+
+    spec, run_dir, pool_file = _stage_setup(tmp_path, model={"name": "tiny_mlp"})
+    spec = spec.model_copy(update={"launcher": "local"})
+    pool = load_pool(pool_file)
+    bank = ProfileBank(spec.profile_bank_uri())
+    for i, dev in enumerate(pool.device_types):
+        bank.append("steps", synthetic_rows(dev.name, device_key(dev, "local"), seed=i))
+    bank.append("links", [{"pool_key": pool_key(pool, "local"), "ranks": 2, "latency_s": 0.001, "bandwidth_bps": 1e9,
+                           "source": "test", "recorded_at": "2026-01-01T00:00:00+00:00"}])
+    calls = []
+
+    def calibrate_pool(spec_, pool_, folder):
+        calls.append([d.name for d in pool_.device_types])
+        folder.mkdir(parents=True, exist_ok=True)
+        for d in pool_.device_types:
+            (folder / f"profile-{d.name}.json").write_text("{}")
+        return {d.name: {"batches": [8, 64], "step_s": [0.002, 0.009], "threads": 1} for d in pool_.device_types}
+
+    monkeypatch.setattr(stage, "calibrate_pool", calibrate_pool)
+    from pipelines.rundir import write_json
+
+    first = stage.run(spec, run_dir, StageContext())
+    write_json(run_dir.result_path("estimate"), first)  # as `python -m pipelines estimate` does
+    assert calls == [["fast", "slow"]] and first["calibrated"] == ["fast", "slow"]
+    assert stage.run(spec, run_dir, StageContext()) == first and len(calls) == 1
+    # a fresh estimate finds this model's rows in the bank: auto calibrates nothing more
+    again = stage.run(spec, run_dir, StageContext(fresh=True))
+    assert len(calls) == 1 and again["calibrated"] == []
+    assert all("of this model" in p["source"] for p in again["profiles"].values())
