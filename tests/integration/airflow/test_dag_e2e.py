@@ -204,7 +204,11 @@ def test_the_kubernetes_run_carries_its_pool_and_calibrates_where_the_devices_ar
     assert json.loads((run / "pool.json").read_text()) == K8S_POOL
     assert not (run / "pool.profiles.json").exists()
     estimate = json.loads((run / "estimate" / "result.json").read_text())
-    assert {name: p["source"] for name, p in estimate["profiles"].items()} == {"fast": "calibration pod", "slow": "calibration pod"}
+    assert {name: p["calibration"]["source"] for name, p in estimate["profiles"].items()} == {
+        "fast": "calibration pod", "slow": "calibration pod"}
+    # the pods' measurements, through the profile bank on the shared volume, are the model's own rows
+    assert all("of this model" in p["source"] for p in estimate["profiles"].values())
+    assert estimate["calibrated"] == ["fast", "slow"] and estimate["link"]["measured"] is False
     for device in ("fast", "slow"):
         profile = json.loads((run / "estimate" / "calibration" / f"profile-{device}.json").read_text())
         assert profile["device"] == device and profile["per_sample_s"] > 0
