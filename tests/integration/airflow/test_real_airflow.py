@@ -274,11 +274,13 @@ def test_killing_a_training_task_stops_its_ranks_and_the_retry_finishes_the_run(
 
 
 def test_profile_pool_maps_a_sweep_per_device_type_and_updates_the_bank_asset(airflow, tmp_path):
-    """The profiling DAG on the scheduler: one mapped sweep per device type of the local pool
-    (serialised by the lock), the probe, the fit and its Asset event; the rows land in the bank
-    and a train_pipeline run can predict from it."""
+    """The profiling DAG on the scheduler: one mapped sweep per device type of the local pool, each
+    returning its own line, the probe, the fit and its Asset event; the rows land in the bank."""
     artifacts = tmp_path / "artifacts"
     conf = {"size": "tiny", "artifact_root": str(artifacts), "reference_runs": False}
+    airflow.wait(lambda: airflow.api.call("GET", "/api/v2/dags/profile_pool/details", ok=None).get("dag_id"),
+                 300, "the dag-processor to serialize profile_pool")
+    airflow.api.patch("/dags/profile_pool", {"is_paused": False})  # new DAGs start paused
     run = airflow.api.post("/dags/profile_pool/dagRuns", {"logical_date": None, "conf": conf})
     path = f"/dags/profile_pool/dagRuns/{quote(run['dag_run_id'])}"
 
@@ -294,8 +296,9 @@ def test_profile_pool_maps_a_sweep_per_device_type_and_updates_the_bank_asset(ai
                       ("reference_runs", -1, "skipped"), ("sweep", 0, "success"), ("sweep", 1, "success")]
     sweeps = [ti for ti in tis if ti["task_id"] == "sweep"]
     assert sorted(ti["rendered_map_index"] for ti in sweeps) == ["fast", "slow"]
-    first, second = sorted(sweeps, key=lambda ti: ti["start_date"])
-    assert first["end_date"] <= second["start_date"]  # local sweeps one at a time: timings undisturbed
+    for ti in sweeps:  # each mapped task's own XCom: its device type's sweep
+        line = airflow.api.get(f"{path}/taskInstances/sweep/xcomEntries/return_value?map_index={ti['map_index']}")["value"]
+        assert (line["device"], line["rows"], line["models"]) == (ti["rendered_map_index"], 6, 3)
     bank = artifacts / "_profiles"
     assert len(list((bank / "steps").glob("part-*.parquet"))) == 2 * 3  # a file per model and device type
     assert len(list((bank / "links").glob("part-*.parquet"))) == 1
