@@ -169,6 +169,26 @@ def model_key(spec: Any) -> str:
                      spec.dataset.num_classes, spec.training.optimizer)
 
 
+def banked_rows(spec: Any, device: str) -> int:
+    """How many rows the job's profile bank has of the job's model on ``device`` (its type in the
+    spec's pool, under the spec's launcher); 0 when the bank cannot be read (then calibrate)."""
+    from pipelines.errors import StageError
+    from pipelines.estimate.features import model_features
+    from pipelines.models import build_model
+    from pipelines.profilebank import ProfileBank, device_key, features_key
+    from pipelines.spec import load_pool
+
+    model = build_model(spec.model.name, tuple(spec.dataset.feature_shape), spec.dataset.num_classes, spec.model.kwargs)
+    key = features_key(model_features(model), spec.training.optimizer)
+    try:
+        dkey = device_key(load_pool(spec.pool).get(device), spec.launcher)
+        rows = ProfileBank(spec.profile_bank_uri()).steps()
+    except (StageError, OSError) as e:
+        log.warning("cannot read the profile bank (%s): calibrating", e)
+        return 0
+    return sum(1 for r in rows if r["model_key"] == key and r["device_key"] == dkey)
+
+
 def _set_threads(threads: int | None) -> None:
     """Set TensorFlow's pools (must run before TensorFlow executes anything)."""
     if not threads:
@@ -289,12 +309,22 @@ def main(argv: list[str] | None = None) -> int:
         default=DEFAULT_SECONDS,
         help="timed seconds per batch size (default: %(default)s)",
     )
+    parser.add_argument(
+        "--unless-banked", action="store_true",
+        help="time nothing (and write a profile saying so) when the job's profile bank already has this model on "
+        "this device type",
+    )
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     from pipelines.spec import load_spec
 
     _set_threads(args.threads)
     spec = load_spec(args.spec)
+    if args.unless_banked and (known := banked_rows(spec, args.device)):
+        log.info("the profile bank has %d measurement(s) of this model on %s: nothing to time", known, args.device)
+        write_json(args.out, {"device": args.device, "model": spec.model.name, "model_key": model_key(spec),
+                              "in_bank": True, "rows": known})
+        return 0
     batches = [int(b) for b in args.batches.split(",") if b.strip()]
     try:
         profile = calibrate(spec, args.device, batch_sizes=batches, min_seconds=args.min_seconds)

@@ -116,18 +116,22 @@ def _features(spec: JobSpec) -> dict[str, Any]:
 
 def pod_profiles(spec: JobSpec, pool: PoolSpec, folder: Path) -> dict[str, dict[str, Any]] | None:
     """The profiles the calibration pods wrote into ``folder`` for this job's model, or None when
-    none did; a StageError names the device types whose profile is missing."""
+    none did; a pod that found the model already in the profile bank (``in_bank``) measured
+    nothing and adds no profile.  A StageError names the device types whose profile is missing."""
     from pipelines.estimate.profile import model_key
 
     key = model_key(spec)
-    found = {}
+    found, banked = {}, []
     for dev in pool.device_types:
         path = folder / f"profile-{dev.name}.json"
         if path.is_file() and (profile := json.loads(path.read_text())).get("model_key") == key:
-            found[dev.name] = {**profile, "source": "calibration pod"}
-    if not found:
+            if profile.get("in_bank"):
+                banked.append(dev.name)
+            else:
+                found[dev.name] = {**profile, "source": "calibration pod"}
+    if not found and not banked:
         return None
-    missing = [d.name for d in pool.device_types if d.name not in found]
+    missing = [d.name for d in pool.device_types if d.name not in found and d.name not in banked]
     if missing:
         raise StageError(f"{folder}: no calibration profile of device type(s) {missing} for this model; "
                          "did their calibration pods fail? (the task's log has their output)")

@@ -575,7 +575,8 @@ def calibration_pod_manifests(
     for index, device in enumerate(pool.device_types):
         threads = cpu_threads(device.kubernetes.resources)
         out = f"{run_dir}/estimate/calibration/profile-{device.name}.json"
-        command = calibration_command(f"{run_dir}/spec.json", device.name, out, threads)
+        command = calibration_command(f"{run_dir}/spec.json", device.name, out, threads,
+                                      unless_banked=spec.estimate.calibrate == "auto")
         env = {**_base_env(threads), ENV_DEVICE: device.name}
         labels = {**ident.labels("calibration"), "rank": str(index), "device_type": device.name}
         annotations = ident.annotations()

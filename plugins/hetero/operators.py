@@ -127,9 +127,9 @@ class PipelineStageOperator(BaseOperator):
     def calibrate_on_kubernetes(self, spec, context) -> None:
         """One calibration pod per device type, in parallel, before the estimate stage's pod; skipped
         when measured profiles override calibration (``<pool stem>.profiles.json`` beside the pool)
-        or ``estimate.calibrate`` is ``never``.  With ``auto`` the pods run: the Airflow side does not
-        read the profile bank (pyarrow stays out of the scheduler's processes), and a fresh timing of
-        the model only sharpens the bank's prediction."""
+        or ``estimate.calibrate`` is ``never``.  With ``auto`` the pods start, since the Airflow side
+        does not read the profile bank (pyarrow stays out of the scheduler's processes), and each
+        pod times nothing when the bank already has the model on its type (``--unless-banked``)."""
         from hetero.stage_runner import carried_inputs
 
         if "profiles" in carried_inputs(spec):  # <pool stem>.profiles.json beside the pool file

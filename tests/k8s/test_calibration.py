@@ -42,13 +42,18 @@ def test_one_calibration_pod_per_device_type_with_its_resources_and_placement(sp
         assert pod["spec"].get("tolerations", []) == device.kubernetes.tolerations
         out = f"{run_dir}/estimate/calibration/profile-{device.name}.json"
         threads = k8s.cpu_threads(device.kubernetes.resources)
-        assert c["command"] == calibration_command(f"{run_dir}/spec.json", device.name, out, threads)
+        # estimate.calibrate auto (the default): the pod times nothing when the bank has the model there
+        assert c["command"] == calibration_command(f"{run_dir}/spec.json", device.name, out, threads, unless_banked=True)
+        assert c["command"][-1] == "--unless-banked"
         assert c["image"] == spec.kubernetes.image_for(device.kubernetes.resources)
         labels = pod["metadata"]["labels"]
         assert labels["rank"] == str(index)  # the gang tracks its pods by this label
         # Their own job: the estimate stage's pod of the same task never counts as a calibration pod.
         assert labels["hetero_job"] != stage_pod["metadata"]["labels"]["hetero_job"]
     assert len({p["metadata"]["name"] for p in pods}) == len(pods)
+    always = load_spec({**spec_doc, "estimate": {"calibrate": "always"}})
+    assert all("--unless-banked" not in p["spec"]["containers"][0]["command"]
+               for p in k8s.calibration_pod_manifests(always, pool, ident))
 
 
 # ------------------------------------------------------------------------ on the test cluster

@@ -501,3 +501,33 @@ def test_stage_local_rerun_reuses_its_result_after_calibrating(tmp_path, monkeyp
     again = stage.run(spec, run_dir, StageContext(fresh=True))
     assert len(calls) == 1 and again["calibrated"] == []
     assert all("of this model" in p["source"] for p in again["profiles"].values())
+
+
+def test_stage_kubernetes_pods_that_found_the_model_in_the_bank_measure_nothing(tmp_path):
+    """Under estimate.calibrate auto a calibration pod whose model the bank already has writes an
+    ``in_bank`` profile: the estimate plans from the bank's rows of the model, calibrating nothing."""
+    from test_estimator import synthetic_rows
+
+    from pipelines.estimate.profile import banked_rows
+    from pipelines.estimate.stage import _features, run
+    from pipelines.profilebank import ProfileBank, device_key, features_key
+    from pipelines.rundir import write_json
+    from pipelines.spec import load_pool
+    from pipelines.stages import StageContext
+
+    spec, run_dir, pool_file = _stage_setup(tmp_path, model={"name": "tiny_mlp"})
+    pool = load_pool(pool_file)
+    assert banked_rows(spec, "fast") == 0  # an empty bank: the pod calibrates
+    key = features_key(_features(spec), spec.training.optimizer)
+    bank = ProfileBank(spec.profile_bank_uri())
+    for i, dev in enumerate(pool.device_types):
+        rows = synthetic_rows(dev.name, device_key(dev, "kubernetes"), seed=i)
+        bank.append("steps", rows + [{**rows[0], "model_key": key, "batch": b, "step_s": 0.001 + 1e-5 * b} for b in (16, 64)])
+    assert banked_rows(spec, "fast") == 2 and banked_rows(spec, "slow") == 2
+    folder = run_dir.root / "estimate" / "calibration"
+    for dev in pool.device_types:
+        write_json(folder / f"profile-{dev.name}.json", {**_pod_profile(spec, dev.name, 0, 0), "in_bank": True, "rows": 2})
+    result = run(spec, run_dir, StageContext())
+    assert result["calibrated"] == []
+    assert all("fitted to 2 measurement(s) of this model" in p["source"] for p in result["profiles"].values())
+    assert result["profiles"]["fast"]["per_sample_s"] == pytest.approx(1e-5)
