@@ -171,20 +171,21 @@ def model_key(spec: Any) -> str:
 
 def banked_rows(spec: Any, device: str) -> int:
     """How many rows the job's profile bank has of the job's model on ``device`` (its type in the
-    spec's pool, under the spec's launcher); 0 when the bank cannot be read (then calibrate)."""
+    spec's pool, under the spec's launcher); 0 when the bank or the pool cannot be read (then
+    calibrate)."""
     from pipelines.errors import StageError
     from pipelines.estimate.features import model_features
     from pipelines.models import build_model
     from pipelines.profilebank import ProfileBank, device_key, features_key
-    from pipelines.spec import load_pool
+    from pipelines.spec import SpecError, load_pool
 
     model = build_model(spec.model.name, tuple(spec.dataset.feature_shape), spec.dataset.num_classes, spec.model.kwargs)
     key = features_key(model_features(model), spec.training.optimizer)
     try:
         dkey = device_key(load_pool(spec.pool).get(device), spec.launcher)
         rows = ProfileBank(spec.profile_bank_uri()).steps()
-    except (StageError, OSError) as e:
-        log.warning("cannot read the profile bank (%s): calibrating", e)
+    except (StageError, SpecError, OSError) as e:  # no bank, or a pool this pod cannot see: just time it
+        log.warning("cannot check the profile bank (%s): calibrating", e)
         return 0
     return sum(1 for r in rows if r["model_key"] == key and r["device_key"] == dkey)
 

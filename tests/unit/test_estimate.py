@@ -524,6 +524,8 @@ def test_stage_kubernetes_pods_that_found_the_model_in_the_bank_measure_nothing(
         rows = synthetic_rows(dev.name, device_key(dev, "kubernetes"), seed=i)
         bank.append("steps", rows + [{**rows[0], "model_key": key, "batch": b, "step_s": 0.001 + 1e-5 * b} for b in (16, 64)])
     assert banked_rows(spec, "fast") == 2 and banked_rows(spec, "slow") == 2
+    # a pod that cannot see the pool file just calibrates
+    assert banked_rows(spec.model_copy(update={"pool": str(tmp_path / "elsewhere.yaml")}), "fast") == 0
     folder = run_dir.root / "estimate" / "calibration"
     for dev in pool.device_types:
         write_json(folder / f"profile-{dev.name}.json", {**_pod_profile(spec, dev.name, 0, 0), "in_bank": True, "rows": 2})
