@@ -83,6 +83,27 @@ def fit_step_time(batches: list[int], step_s: list[float]) -> dict[str, float]:
     }
 
 
+def standalone_step(model: Any, optimizer: str) -> Any:
+    """One whole training step of ``model`` alone (forward, backward, the optimizer's apply) as a
+    ``tf.function(x, y) -> loss`` traced once for any batch: what calibration and the sweep time."""
+    import tensorflow as tf
+
+    from pipelines.step import make_optimizer
+
+    opt = make_optimizer(optimizer, 1e-3)
+    loss_fn = tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+
+    @tf.function(input_signature=[tf.TensorSpec([None, *model.input_shape[1:]], tf.float32), tf.TensorSpec([None], tf.int32)])
+    def step(x, y):
+        with tf.GradientTape() as tape:
+            loss = loss_fn(y, model(x, training=True))
+        grads = tape.gradient(loss, model.trainable_variables)
+        opt.apply_gradients(zip(grads, model.trainable_variables))
+        return loss
+
+    return step
+
+
 def time_train_steps(
     model: Any,
     batch_sizes: tuple[int, ...] | list[int] = DEFAULT_BATCHES,
@@ -105,21 +126,7 @@ def time_train_steps(
     import tensorflow as tf
 
     num_classes = int(model.output_shape[-1])
-    opt = (
-        tf.keras.optimizers.Adam(1e-3) if optimizer == "adam" else tf.keras.optimizers.SGD(1e-3, momentum=0.9)
-    )
-    loss_fn = tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True)
-    spec_x = tf.TensorSpec([None, *model.input_shape[1:]], tf.float32)
-    spec_y = tf.TensorSpec([None], tf.int32)
-
-    @tf.function(input_signature=[spec_x, spec_y])
-    def step(x, y):
-        with tf.GradientTape() as tape:
-            loss = loss_fn(y, model(x, training=True))
-        grads = tape.gradient(loss, model.trainable_variables)
-        opt.apply_gradients(zip(grads, model.trainable_variables))
-        return loss
-
+    step = standalone_step(model, optimizer)
     rng = np.random.default_rng(seed)
     out: dict[int, float] = {}
     for b in batch_sizes:

@@ -112,24 +112,14 @@ def measure_model(tf: Any, member: dict[str, Any], batches: tuple[int, ...], sec
     import numpy as np
 
     from pipelines.estimate.features import model_features
+    from pipelines.estimate.profile import standalone_step
     from pipelines.models import build_model
-    from pipelines.step import make_optimizer
 
     meter.idle()
     tf.keras.utils.set_random_seed(seed)
     model = build_model(member["model"], tuple(member["input_shape"]), fam.NUM_CLASSES, member["kwargs"])
     features = model_features(model)
-    opt = make_optimizer(optimizer, 1e-3)
-    loss_fn = tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True)
-
-    @tf.function(input_signature=[tf.TensorSpec([None, *member["input_shape"]], tf.float32), tf.TensorSpec([None], tf.int32)])
-    def step(x, y):
-        with tf.GradientTape() as tape:
-            loss = loss_fn(y, model(x, training=True))
-        grads = tape.gradient(loss, model.trainable_variables)
-        opt.apply_gradients(zip(grads, model.trainable_variables))
-        return loss
-
+    step = standalone_step(model, optimizer)
     rng, out = np.random.default_rng(seed), []
     for i, b in enumerate(batches):
         x = tf.constant(rng.standard_normal((b, *member["input_shape"])).astype("float32"))
