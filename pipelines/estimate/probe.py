@@ -66,14 +66,14 @@ def rank_main() -> int:
 
 def probe_pool(pool_source: str, bank_uri: str, timeout_s: float = 300.0) -> dict[str, Any]:
     """Measure a local pool's allreduce and store it in the bank; returns what was stored."""
-    from pipelines.launch.local import Profile, launch
+    from pipelines.launch.local import launch, profiles_from_pool
     from pipelines.profilebank import ProfileBank, now, pool_key
     from pipelines.spec import load_pool
     from pipelines.stages import last_json_object
 
     pool = load_pool(pool_source)
-    profiles = [Profile(device=d.name, cpus=tuple(d.local.cpus), cpu_share=d.local.cpu_share,
-                        cpu_period_ms=d.local.cpu_period_ms) for d in pool.device_types for _ in range(d.count)][:MAX_RANKS]
+    names = [d.name for d in pool.device_types for _ in range(d.count)][:MAX_RANKS]
+    profiles = profiles_from_pool(pool_source, names)
     if len(profiles) < 2:
         raise StageError(f"pool {pool_source}: one device has no allreduce to measure")
     out = io.StringIO()

@@ -29,12 +29,13 @@ from __future__ import annotations
 
 from typing import Any
 
+from pipelines.estimate.planner import LOCAL_BANDWIDTH_BPS
 from pipelines.runlog import PARTS, learned_corrections, part_units  # noqa: F401  (re-exported for the stage)
 
 PROBE_STEPS, PROBE_SECONDS = 3, 1.0  # the trainer's calibration (pipelines.train.trainer --probe-*)
 SAVE_FIXED_S = 0.02  # a checkpoint's files and index, with the events' histograms
 DISK_BPS = 300e6  # bytes/s written by a save
-DEFAULT_LINK = {"latency_s": 0.002, "bandwidth_bps": 1e9, "measured": False}
+DEFAULT_LINK = {"latency_s": 0.002, "bandwidth_bps": LOCAL_BANDWIDTH_BPS, "measured": False}
 
 
 def predict_parts(plan: dict[str, Any], profiles: dict[str, dict[str, Any]], *, param_bytes: float, slots: int,
