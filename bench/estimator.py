@@ -83,7 +83,7 @@ def main() -> int:
     from pipelines.estimate.probe import probe_pool
     from pipelines.estimate.reference import job_spec, reference_runs, run_pipeline
     from pipelines.estimate.sweep import profile_device
-    from pipelines.profilebank import ProfileBank
+    from pipelines.stores.profile_bank import ProfileBank
 
     work = Path(args.out or tempfile.mkdtemp(prefix="bench-estimator-"))
     bank_uri = str(work / "bank")

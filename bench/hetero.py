@@ -47,8 +47,8 @@ def prepare(work: Path, rows: int, seed: int) -> Path:
     """A run directory with the sample task preloaded by the real preload stage."""
     from pipelines.data.sample import generate
     from pipelines.preload.stage import preload
-    from pipelines.rundir import write_json
     from pipelines.spec import DatasetSpec
+    from pipelines.stores.rundir import write_json
 
     data = work / "data"
     generate(str(data), rows_per_day=rows, days=1, seed=seed)

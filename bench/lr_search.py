@@ -58,7 +58,7 @@ def prepare(work: Path, rows_per_day: int, days: int, seed: int) -> dict:
 
 def make_run(work: Path, name: str, preload: dict, model: str, batch: int, optimizer: str, lr, epochs: int) -> Path:
     """A run directory with the shared preload result, a two-rank plan and the job spec."""
-    from pipelines.rundir import write_json
+    from pipelines.stores.rundir import write_json
 
     run = work / name
     shutil.rmtree(run, ignore_errors=True)

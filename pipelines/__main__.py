@@ -13,11 +13,11 @@ import logging
 import sys
 import time
 
+from pipelines.core.stages import ALIASES, STAGES, StageContext, canonical, resolve
 from pipelines.errors import EXIT_BAD_INPUT, EXIT_FAILED, StageError, StageFailure
 from pipelines.launch.lifetime import die_with_parent
-from pipelines.rundir import RunDir, write_json
 from pipelines.spec import JobSpec, SpecError, load_pool, load_spec, pool_profiles_path, read_mapping
-from pipelines.stages import ALIASES, STAGES, StageContext, canonical, resolve
+from pipelines.stores.rundir import RunDir, write_json
 
 log = logging.getLogger("pipelines")
 

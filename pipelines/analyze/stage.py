@@ -15,9 +15,9 @@ from pipelines.analyze.evaluate import evaluate
 from pipelines.analyze.events import Events, EventsNotFoundError, read_events
 from pipelines.analyze.report import build_report
 from pipelines.analyze.updates import PARAMETER_SERVER, UPDATES_FILE, ps_figures, read_updates, strategy_of
-from pipelines.rundir import RunDir, input_key, write_json, write_text
+from pipelines.core.stages import StageContext
 from pipelines.spec import JobSpec
-from pipelines.stages import StageContext
+from pipelines.stores.rundir import RunDir, input_key, write_json, write_text
 
 __all__ = ["REPORT_VERSION", "run", "derived_metrics"]
 
@@ -74,18 +74,18 @@ def _events(train: dict, run_dir: RunDir) -> Events:
 
 def _promoted(spec: JobSpec) -> dict | None:
     """The promoted version's metadata in the spec's model store (None before any promotion)."""
-    from pipelines.modelstore import ModelStore
+    from pipelines.stores.models import ModelStore
 
     return ModelStore(spec.model_store_uri()).promoted(spec.model_store_name())
 
 
 def _learn(spec: JobSpec, estimate: dict | None, run_dir: RunDir, ctx: StageContext, train_key: str) -> dict | None:
-    """Teach the estimator this run (pipelines.runlog.record_run); None when there is no estimate
+    """Teach the estimator this run (pipelines.stores.run_records.record_run); None when there is no estimate
     to compare with.  A bank that cannot be written is logged, not fatal: the model is trained."""
     import json
 
     from pipelines.errors import StageError
-    from pipelines.runlog import record_run
+    from pipelines.stores.run_records import record_run
 
     summary_path = run_dir.root / "train" / "summary.json"
     if not estimate or "pool_key" not in estimate or not summary_path.is_file():
@@ -136,7 +136,7 @@ def compare_versions(
 
     ``promotable`` is whether the new version may replace the promoted one: its held-out accuracy
     is at most ``promotion.tolerance`` below the promoted one's (always, when none is promoted)."""
-    from pipelines.modelstore import ModelStore
+    from pipelines.stores.models import ModelStore
 
     if publish is None:
         return None
@@ -171,7 +171,7 @@ def run(spec: JobSpec, run_dir: RunDir, ctx: StageContext) -> dict[str, Any]:
     estimator, input_key}``, and for a parameter-server run ``updates_per_worker``,
     ``max_staleness_seen``, ``dropped_updates`` and ``lost_workers``
     (:func:`pipelines.analyze.updates.ps_figures`).  A parameter-server run is not recorded in the
-    profile bank (``estimator.why_not`` says so; see :func:`pipelines.runlog.record_run`).
+    profile bank (``estimator.why_not`` says so; see :func:`pipelines.stores.run_records.record_run`).
     """
     preload = run_dir.read_result("preload")
     train = run_dir.read_result("train")

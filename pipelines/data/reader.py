@@ -6,7 +6,7 @@ zero-copy view per record batch and gathers a step's rows from them, so the rank
 share the page cache and a rank's own memory is its batches and prefetch, whatever the size of
 the dataset (docs/ARCHITECTURE.md, "Data flow").  Every epoch has its own permutation (seeded by
 the job seed and the epoch), identical on every rank; each rank trains on its own proportional
-slice of every step (see :func:`pipelines.balance.epoch_steps`), so all ranks together see every
+slice of every step (see :func:`pipelines.sync.balance.epoch_steps`), so all ranks together see every
 training row exactly once per epoch.
 """
 
@@ -19,8 +19,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from pipelines.balance import StepSlice
 from pipelines.errors import DataError, StageError
+from pipelines.sync.balance import StepSlice
 
 
 class ShardedRows:

@@ -85,7 +85,7 @@ def generate(out: str, rows_per_day: int = 2000, days: int = 3, start: str = "20
     """Write ``out/dt=YYYY-MM-DD/part-0.parquet`` for ``days`` consecutive days."""
     import pyarrow.parquet as pq
 
-    from pipelines.rundir import atomic_path
+    from pipelines.stores.rundir import atomic_path
 
     if rows_per_day < 1 or days < 1:
         raise ValueError(f"rows_per_day ({rows_per_day}) and days ({days}) must be >= 1")

@@ -2,7 +2,7 @@
 
 For every candidate (n_t devices of type t, not all zero) the global batch is split across the
 ranks in proportion to their throughput, within their memory caps
-(:func:`pipelines.balance.allocate`), and the run is predicted as
+(:func:`pipelines.sync.balance.allocate`), and the run is predicted as
 
     step_s  = max_i(fixed_i + per_sample_i · b_i) + allreduce_s + ring_allreduce_s(N, param_bytes)
     total_s = epochs · ceil(rows_train / B) · step_s
@@ -41,10 +41,10 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from pipelines.balance import AllocationError, allocate
+from pipelines.core.plan import STRATEGIES
 from pipelines.errors import StageError
-from pipelines.plan import STRATEGIES
 from pipelines.spec import DeviceType, PoolSpec
+from pipelines.sync.balance import AllocationError, allocate
 
 LOCAL_BANDWIDTH_BPS = 1e9  # bytes/s assumed for allreduce between local processes (Gloo over loopback)
 AUTO_BATCH_PER_RANK = 64

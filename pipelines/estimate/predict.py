@@ -10,7 +10,7 @@ For every device type of the pool:
    runs' steps) correct it: with two or more batches measured, their own affine fit replaces the
    prediction; with one, the prediction is scaled by measured / predicted;
 3. the memory law gives the largest batch a device holds (80% of its memory, as before); without
-   memory rows the explicit formula of :func:`pipelines.estimate.profile.max_batch` is kept.
+   memory rows the explicit formula of :func:`pipelines.estimate.calibrate.max_batch` is kept.
 
 A type with no row in the bank is an error naming it and the command that profiles it.
 """
@@ -21,9 +21,9 @@ import statistics
 from typing import Any
 
 from pipelines.errors import StageError
-from pipelines.estimate.profile import MEMORY_HEADROOM, fit_step_time, max_batch, optimizer_slots
+from pipelines.estimate.calibrate import MEMORY_HEADROOM, fit_step_time, max_batch, optimizer_slots
 from pipelines.estimate.regress import fit_device
-from pipelines.profilebank import bank_features, device_key
+from pipelines.stores.profile_bank import bank_features, device_key
 
 MIN_OWN_ROWS_FOR_FIT = 2  # distinct batches of the job's own model that replace the prediction
 

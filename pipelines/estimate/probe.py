@@ -36,7 +36,7 @@ def fit_link(ranks: int, sizes: list[int], seconds: list[float]) -> dict[str, fl
 
 def rank_main() -> int:
     """One rank of the probe: time ``REPEATS`` allreduces of each size; rank 0 prints the fit."""
-    from pipelines.comm import horovod_job, print_result, start_rank
+    from pipelines.sync.horovod_job import horovod_job, print_result, start_rank
 
     start_rank()
     with horovod_job() as hvd:
@@ -66,10 +66,10 @@ def rank_main() -> int:
 
 def probe_pool(pool_source: str, bank_uri: str, timeout_s: float = 300.0) -> dict[str, Any]:
     """Measure a local pool's allreduce and store it in the bank; returns what was stored."""
+    from pipelines.core.stages import last_json_object
     from pipelines.launch.local import launch, profiles_from_pool
-    from pipelines.profilebank import ProfileBank, now, pool_key
     from pipelines.spec import load_pool
-    from pipelines.stages import last_json_object
+    from pipelines.stores.profile_bank import ProfileBank, now, pool_key
 
     pool = load_pool(pool_source)
     names = [d.name for d in pool.device_types for _ in range(d.count)][:MAX_RANKS]

@@ -3,7 +3,7 @@ training costs there before any user's run does (docs/ARCHITECTURE.md, "The lear
 
 A sweep times each device type alone.  What a synchronous run adds (the wait for the slowest rank
 through the quota's periods, the loop's host work, the input pipeline, tracing under Horovod) is
-learned from finished runs (:mod:`pipelines.runlog`).  ``python -m pipelines reference-runs --pool
+learned from finished runs (:mod:`pipelines.stores.run_records`).  ``python -m pipelines reference-runs --pool
 POOL`` runs the whole pipeline (preload, estimate, train, analyze: the same commands as the DAG) on
 generated data for a couple of models that are not the user's, so the first real run of any model
 on the pool is already predicted with the pool's corrections.  The profile_pool DAG runs it after
@@ -20,8 +20,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from pipelines.core.stages import last_json_object
 from pipelines.errors import StageError
-from pipelines.stages import last_json_object
 
 # Models of their own (not in the sweep's family), on the generated 28x28x1 shapes, with the
 # global batch each trains at.

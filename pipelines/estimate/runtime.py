@@ -18,7 +18,7 @@ The trainer's ``train_seconds`` is predicted as the sum of:
 What is not measured directly is learned: each finished run records predicted and actual parts in
 the bank (``runs`` table), and the next estimate for the same pool corrects each part with
 ``actual ≈ factor · predicted + per_unit · units`` fitted over the pool's latest runs of any model
-(``pipelines.runlog.learned_corrections``; units are steps for ``steps``, so a per-step cost such
+(``pipelines.stores.run_records.learned_corrections``; units are steps for ``steps``, so a per-step cost such
 as the wait for the allreduce is learned apart from a proportional one, and the run for the
 others; ``other`` is all ``per_unit``).  The CPU quota's effect on synchronous steps is in both halves: the
 step laws are measured under the device's quota, and what the quota's periods add when ranks wait
@@ -37,7 +37,7 @@ from __future__ import annotations
 from typing import Any
 
 from pipelines.estimate.planner import LOCAL_BANDWIDTH_BPS
-from pipelines.runlog import PARTS, learned_corrections, part_units  # noqa: F401  (re-exported for the stage)
+from pipelines.stores.run_records import PARTS, learned_corrections, part_units  # noqa: F401  (re-exported for the stage)
 
 PROBE_STEPS, PROBE_SECONDS = 3, 1.0  # the trainer's calibration (pipelines.train.trainer --probe-*)
 SAVE_FIXED_S = 0.02  # a checkpoint's files and index, with the events' histograms

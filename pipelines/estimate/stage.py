@@ -32,13 +32,13 @@ import logging
 from pathlib import Path
 from typing import Any
 
+from pipelines.core.stages import StageContext
 from pipelines.errors import StageError
+from pipelines.estimate.calibrate import calibrate_pool, optimizer_slots
 from pipelines.estimate.features import model_features
 from pipelines.estimate.planner import PSConfig, plan
-from pipelines.estimate.profile import calibrate_pool, optimizer_slots
-from pipelines.rundir import RunDir, input_key, write_json
 from pipelines.spec import JobSpec, PoolSpec, load_pool, pool_profiles_path
-from pipelines.stages import StageContext
+from pipelines.stores.rundir import RunDir, input_key, write_json
 
 log = logging.getLogger(__name__)
 
@@ -124,7 +124,7 @@ def pod_profiles(spec: JobSpec, pool: PoolSpec, folder: Path) -> dict[str, dict[
     """The profiles the calibration pods wrote into ``folder`` for this job's model, or None when
     none did; a pod that found the model already in the profile bank (``in_bank``) measured
     nothing and adds no profile.  A StageError names the device types whose profile is missing."""
-    from pipelines.estimate.profile import model_key
+    from pipelines.estimate.calibrate import model_key
 
     key = model_key(spec)
     found, banked = {}, []
@@ -163,7 +163,7 @@ def measured_profiles(spec: JobSpec, pool: PoolSpec, side_profiles: Path, out_di
 def calibration_rows(measured: dict[str, dict[str, Any]], pool: PoolSpec, spec: JobSpec, features: dict[str, Any],
                      model_key: str, source: str) -> list[dict[str, Any]]:
     """Bank rows of this run's measurements (a profiles file's affine fit counts at two batches)."""
-    from pipelines.profilebank import bank_features, device_key, now
+    from pipelines.stores.profile_bank import bank_features, device_key, now
 
     rows = []
     base = {"model": spec.model.name, "model_key": model_key, "optimizer": spec.training.optimizer,
@@ -184,7 +184,7 @@ def calibration_rows(measured: dict[str, dict[str, Any]], pool: PoolSpec, spec: 
 
 def to_calibrate(spec: JobSpec, pool: PoolSpec, rows: list[dict[str, Any]], model_key: str) -> list[str]:
     """The device types ``estimate.calibrate`` times this model on (see the module docstring)."""
-    from pipelines.profilebank import device_key
+    from pipelines.stores.profile_bank import device_key
 
     mode = spec.estimate.calibrate
     if mode == "never":
@@ -220,7 +220,7 @@ def run(spec: JobSpec, run_dir: RunDir, ctx: StageContext) -> dict:
     plan's run time part by part."""
     from pipelines.estimate.predict import bank_profiles
     from pipelines.estimate.runtime import learned_corrections, pick_strategy
-    from pipelines.profilebank import ProfileBank, device_key, features_key, pool_key
+    from pipelines.stores.profile_bank import ProfileBank, device_key, features_key, pool_key
 
     preload = run_dir.read_result("preload")
     rows_train = int(preload["rows_train"])

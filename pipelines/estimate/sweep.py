@@ -111,8 +111,8 @@ def measure_model(tf: Any, member: dict[str, Any], batches: tuple[int, ...], sec
     per batch ({batch, step_s, first_step_s, peak_memory_bytes})."""
     import numpy as np
 
+    from pipelines.estimate.calibrate import standalone_step
     from pipelines.estimate.features import model_features
-    from pipelines.estimate.profile import standalone_step
     from pipelines.models import build_model
 
     meter.idle()
@@ -144,7 +144,7 @@ def run_sweep(pool: Any, device: str, launcher: str, bank_uri: str, size: str, *
     bank one model at a time (a killed sweep keeps what it measured).  Returns the command's result."""
     import tensorflow as tf
 
-    from pipelines.profilebank import ProfileBank, bank_features, device_key, features_key, now
+    from pipelines.stores.profile_bank import ProfileBank, bank_features, device_key, features_key, now
 
     dev = pool.get(device)
     bank = ProfileBank(bank_uri)
@@ -169,11 +169,11 @@ def run_sweep(pool: Any, device: str, launcher: str, bank_uri: str, size: str, *
 def profile_device(pool_source: str, device: str, bank: str, size: str, *, source: str | None = None,
                    timeout_s: float = 3600.0) -> dict[str, Any]:
     """Locally: run the sweep child for ``device`` pinned and capped as that type; returns its result."""
-    from pipelines.estimate.profile import run_placed
+    from pipelines.core.profiling_commands import sweep_command
+    from pipelines.core.stages import last_json_object
+    from pipelines.estimate.calibrate import run_placed
     from pipelines.launch.cgroups import CpuLimiter, threads_for
-    from pipelines.profiling import sweep_command
     from pipelines.spec import load_pool, read_mapping
-    from pipelines.stages import last_json_object
 
     pool = load_pool(pool_source)
     dev = pool.get(device)
@@ -213,7 +213,7 @@ def main(argv: list[str] | None = None) -> int:
     if any(os.environ.get(k) != v for k, v in CHILD_ENV.items()):  # before TensorFlow allocates anything
         os.execve(sys.executable, [sys.executable, "-m", "pipelines.estimate.sweep", *(argv or sys.argv[1:])],
                   {**os.environ, **CHILD_ENV})
-    from pipelines.estimate.profile import _set_threads
+    from pipelines.estimate.calibrate import _set_threads
     from pipelines.spec import SpecError, load_pool
 
     try:

@@ -23,7 +23,7 @@ Layout of one parameter-server job (``training.strategy: parameter_server``, one
   consecutive from a hash of the try (:func:`ps_task_ports`);
 - one pod per task ``<task>-<job>-t<try>-<hostname>``: the chief and the parameter servers with the
   stage pods' resources, worker i on plan rank i's device type, all running
-  ``pipelines.stages.ps_command``.
+  ``pipelines.core.stages.ps_command``.
 
 Every object carries labels that trace it back to Airflow: ``dag_id``, ``run_id``, ``task_id``,
 ``try_number`` (the same keys and value sanitising as the provider's KubernetesPodOperator),
@@ -46,6 +46,9 @@ import posixpath
 import re
 from typing import Any
 
+from pipelines.core.plan import check_plan, plan_strategy
+from pipelines.core.profiling_commands import fit_bank_command, sweep_command, sweep_source
+from pipelines.core.stages import StageContext, calibration_command, ps_command, rank_command, stage_command
 from pipelines.launch import tfconfig
 from pipelines.launch.rendezvous import (
     ENV_BATCH,
@@ -58,11 +61,8 @@ from pipelines.launch.rendezvous import (
     gloo_env,
     pod_slots,
 )
-from pipelines.plan import check_plan, plan_strategy
-from pipelines.profiling import fit_bank_command, sweep_command, sweep_source
-from pipelines.rundir import safe_component
 from pipelines.spec import DeviceType, JobSpec, PoolSpec, SpecError, check_kubernetes
-from pipelines.stages import StageContext, calibration_command, ps_command, rank_command, stage_command
+from pipelines.stores.rundir import safe_component
 
 __all__ = [
     "Identity",
@@ -566,7 +566,7 @@ def ps_job_manifests(
     type (its resources, node selector, tolerations, affinity, as a Horovod rank pod), and
     ``training.parameter_servers`` servers, chief and servers with the stage pods' resources.
 
-    Every pod runs :func:`pipelines.stages.ps_command` with its ``TF_CONFIG``; its ``rank`` label
+    Every pod runs :func:`pipelines.core.stages.ps_command` with its ``TF_CONFIG``; its ``rank`` label
     is its place in the gang (the chief 0, then the workers, then the servers), ``task_type`` and
     ``task_index`` say which task it is.  The headless Service selects every pod of the try, each
     pod naming it as its ``subdomain``: that is what gives ``<hostname>.<Service>`` its address."""
@@ -625,7 +625,7 @@ def train_job_manifests(
     *,
     fresh: bool = False,
 ) -> dict[str, Any]:
-    """The train task's job for the plan's strategy (:func:`pipelines.plan.plan_strategy`): the
+    """The train task's job for the plan's strategy (:func:`pipelines.core.plan.plan_strategy`): the
     Horovod job (:func:`job_manifests`) or the parameter-server job (:func:`ps_job_manifests`)."""
     if plan_strategy(spec, plan) == "parameter_server":
         return ps_job_manifests(spec, pool, plan, identity, run_dir, fresh=fresh)
@@ -651,7 +651,7 @@ def stage_pod_manifest(
     """One pod running one stage with the trainer image.
 
     The spec goes inline as JSON unless ``spec_arg`` names a file the pod can read; so do
-    ``inputs`` (the pool and its profiles, :func:`pipelines.stages.run_inputs`), which the stage
+    ``inputs`` (the pool and its profiles, :func:`pipelines.core.stages.run_inputs`), which the stage
     copies into the run directory.  ``device`` (a device type of ``pool``) takes that type's
     resources and placement; otherwise ``resources`` (default 2 CPUs, 4Gi).  The stage prints
     its JSON result as its last log line.
@@ -746,7 +746,7 @@ def profile_pod_manifest(
 ) -> dict[str, Any]:
     """The pod that sweeps the profiling model family on one device type of ``pool`` (one mapped
     task of the ``profile_pool`` DAG): the type's resources, node selector, tolerations and
-    affinity, running :func:`pipelines.profiling.sweep_command` with that device type inline, which
+    affinity, running :func:`pipelines.core.profiling_commands.sweep_command` with that device type inline, which
     appends its rows to the profile bank (``spec.profile_bank_uri()``: under the artifact volume, or a bucket reached with
     the Secret's credentials) and prints its result as its last log line.
 
@@ -769,7 +769,7 @@ def profile_pod_manifest(
 def bank_fit_pod_manifest(
     spec: JobSpec, identity: Identity, *, resources: dict[str, str] | None = None
 ) -> dict[str, Any]:
-    """The pod that fits the profile bank's regressions (:func:`pipelines.profiling.fit_bank_command`)
+    """The pod that fits the profile bank's regressions (:func:`pipelines.core.profiling_commands.fit_bank_command`)
     after the sweeps, with the stage pods' default resources unless ``resources``."""
     check_kubernetes(spec)
     res = dict(resources or DEFAULT_STAGE_RESOURCES)

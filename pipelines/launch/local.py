@@ -79,9 +79,9 @@ def profiles_from_pool(pool_path: str, names: Sequence[str]) -> list[Profile]:
 
 
 def launch_plan(stage: str, spec, run_dir, ctx, plan: dict) -> LaunchResult:
-    """The plan's ranks running ``stage``'s rank program (``pipelines.stages.rank_command``) on
+    """The plan's ranks running ``stage``'s rank program (``pipelines.core.stages.rank_command``) on
     this machine, each with its device type's profile from the spec's pool (see :func:`this_try`)."""
-    from pipelines.stages import rank_command
+    from pipelines.core.stages import rank_command
 
     profiles = profiles_from_pool(spec.pool, [r["device"] for r in plan["ranks"]])
     job, env = this_try(stage, ctx)
@@ -105,8 +105,8 @@ def launch_ps_plan(stage: str, spec, run_dir, ctx, plan: dict) -> LaunchResult:
     """The plan's parameter-server job on this machine: a worker per plan rank, placed as its
     device type (cores and CPU quota, as a Horovod rank), the chief and
     ``training.parameter_servers`` servers unplaced; every task on a free port of 127.0.0.1."""
+    from pipelines.core.stages import ps_command
     from pipelines.launch.tfconfig import cluster_spec
-    from pipelines.stages import ps_command
 
     workers = profiles_from_pool(spec.pool, [r["device"] for r in plan["ranks"]])
     num_ps = spec.training.parameter_servers
@@ -138,8 +138,8 @@ def run_stage_ranks(stage: str, what: str, spec, run_dir, ctx, plan: dict, store
     map a failure to the stage's error (:func:`raise_for_ranks`), and return rank 0's stored
     result (``stored()``, None when it left none for these inputs at ``where``) with what the
     launcher knows added: ``quota_enforced`` and ``launcher_seconds``."""
+    from pipelines.core.plan import plan_strategy
     from pipelines.errors import StageError, StageFailure
-    from pipelines.plan import plan_strategy
 
     if spec.launcher != "local":
         raise StageError(f"the {stage} stage runs ranks locally; with launcher=kubernetes the HorovodJobOperator starts the pods")

@@ -19,11 +19,11 @@ from typing import Any
 
 import yaml
 
+from pipelines.core.plan import default_plan, load_plan
+from pipelines.core.profiling_commands import DEFAULT_SIZE, sweep_source
+from pipelines.core.stages import StageContext, run_inputs
 from pipelines.launch import k8s
-from pipelines.plan import default_plan, load_plan
-from pipelines.profiling import DEFAULT_SIZE, sweep_source
 from pipelines.spec import load_pool, load_spec
-from pipelines.stages import StageContext, run_inputs
 
 __all__ = ["render_job", "render_profile_pods", "write_manifests", "render_cli"]
 

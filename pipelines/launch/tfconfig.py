@@ -4,7 +4,7 @@
 A job is one ``chief`` (the coordinator: it schedules the updates, writes checkpoints, events and
 the result), one ``worker`` per plan rank (worker i runs on plan rank i's device type) and
 ``training.parameter_servers`` ``ps`` tasks holding the variables.  Every task runs the same
-command (``pipelines.stages.ps_command``); its role is the ``task`` of its ``TF_CONFIG``, the
+command (``pipelines.core.stages.ps_command``); its role is the ``task`` of its ``TF_CONFIG``, the
 variable TensorFlow's ``TFConfigClusterResolver`` reads.  The local launcher gives every task a
 free port on 127.0.0.1; on Kubernetes each task is a pod behind a headless Service.
 """

@@ -2,7 +2,7 @@
 "Learning-rate search").
 
 The rate rises geometrically from ``lr_min`` to ``lr_max``; each step of the test is the trainer's
-compiled synchronous step (:mod:`pipelines.step`) on the plan's heterogeneous local batches with
+compiled synchronous step (:mod:`pipelines.sync.step`) on the plan's heterogeneous local batches with
 weighted gradients, so the curve is the one of one process on the concatenated global batch, and
 the rate is found for the devices and global batch that will train.
 

@@ -4,7 +4,7 @@ search")::
     python -m pipelines.lr_search.ranks --spec run/spec.json --run-dir run/
 
 It runs as the plan's ranks, started like training: by the lr_search stage with the local
-launcher, or as rank pods of the gang operator on Kubernetes (``pipelines.stages.rank_command``).
+launcher, or as rank pods of the gang operator on Kubernetes (``pipelines.core.stages.rank_command``).
 Every step is the trainer's compiled synchronous step on this rank's slice of the global batch;
 the loss every rank sees is the global batch's mean (averaged by Horovod), so every rank takes
 the same decisions: when to stop, which rates to confirm, which to choose.  Rank 0 writes
@@ -57,7 +57,7 @@ class SearchJob:
     """What every rank reads before the test: spec, plan, rows and the input key."""
 
     spec: Any
-    run_dir: Any  # pipelines.rundir.RunDir
+    run_dir: Any  # pipelines.stores.rundir.RunDir
     plan: dict[str, Any]
     batches: list[int]
     x: Any  # pipelines.data.reader.ShardedRows, memory-mapped
@@ -71,11 +71,11 @@ class SearchJob:
 def load_search(args: argparse.Namespace, size: int | None = None) -> SearchJob:
     """The job of a rank in a test of ``size`` ranks (None: not checked yet).  Bad input raises
     :class:`pipelines.spec.SpecError` or :class:`StageError`, naming the file or field."""
+    from pipelines.core.plan import run_plan
     from pipelines.data.reader import open_split
     from pipelines.lr_search.result import search_key
-    from pipelines.plan import run_plan
-    from pipelines.rundir import RunDir
     from pipelines.spec import load_spec
+    from pipelines.stores.rundir import RunDir
 
     spec = load_spec(args.spec)
     run_dir = RunDir(args.run_dir)
@@ -103,7 +103,7 @@ class RangeTest:
         import tensorflow as tf
 
         from pipelines.models import build_model
-        from pipelines.step import build_steps, make_optimizer, step_weight
+        from pipelines.sync.step import build_steps, make_optimizer, step_weight
 
         self.job, self.hvd, self.tf, self.rank = job, hvd, tf, hvd.rank()
         t = job.spec.training
@@ -178,7 +178,7 @@ class RangeTest:
         Replaying the training's own start matters: on the demo task a rate twice the curve's
         minimum trains best from some initial weights and row orders and collapses to chance level
         from others, and a run on other rows does not show which."""
-        from pipelines.balance import scheduled_lr
+        from pipelines.sync.balance import scheduled_lr
 
         self.reset()
         order, self.next_row = self.training_order(steps), 0
@@ -214,7 +214,7 @@ def search(job: SearchJob, hvd) -> dict[str, Any]:
 def write_outputs(job: SearchJob, result: dict[str, Any]) -> dict[str, Any]:
     """Rank 0: the plot, then ``result.json`` (last: its presence means the stage is done)."""
     from pipelines.lr_search.result import STAGE, plot_curve
-    from pipelines.rundir import write_json
+    from pipelines.stores.rundir import write_json
 
     out: Path = job.run_dir.stage(STAGE)
     try:
@@ -230,10 +230,10 @@ def write_outputs(job: SearchJob, result: dict[str, Any]) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> int:
     """Run one rank; rank 0 prints the result last.  Every rank first looks for a result of the
     same inputs and, when there is one, exits at once without joining the rendezvous."""
-    from pipelines.comm import horovod_job, print_result, start_rank
     from pipelines.errors import EXIT_BAD_INPUT
     from pipelines.lr_search.result import completed
     from pipelines.spec import SpecError
+    from pipelines.sync.horovod_job import horovod_job, print_result, start_rank
 
     rank = start_rank()
     args = parse_args(argv)

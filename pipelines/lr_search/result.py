@@ -16,7 +16,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-from pipelines.rundir import RunDir, atomic_path, input_key
+from pipelines.stores.rundir import RunDir, atomic_path, input_key
 
 STAGE = "lr_search"
 KEY_VERSION = "lr_search/2"
@@ -51,7 +51,7 @@ def finite(values: list[float]) -> list[float | None]:
 
 def fixed_result(spec: Any, global_batch: int | None) -> dict[str, Any]:
     """The result for a given ``training.learning_rate``: no test, the rate the trainer will use."""
-    from pipelines.balance import scaled_learning_rate
+    from pipelines.sync.balance import scaled_learning_rate
 
     fixed = spec.training.learning_rate
     # The given rate applies at reference_batch; report the rate the trainer will use at B.

@@ -15,12 +15,12 @@ from __future__ import annotations
 
 import logging
 
+from pipelines.core.plan import run_plan
+from pipelines.core.stages import StageContext
 from pipelines.lr_search.ranks import test_settings
 from pipelines.lr_search.result import STAGE, completed, fixed_result, search_key
-from pipelines.plan import run_plan
-from pipelines.rundir import RunDir
 from pipelines.spec import JobSpec, SpecError, load_pool
-from pipelines.stages import StageContext
+from pipelines.stores.rundir import RunDir
 
 log = logging.getLogger(__name__)
 

@@ -36,12 +36,12 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+from pipelines.core.stages import StageContext
 from pipelines.data.sources import Dataset, check_allowed, day_range, discover, select_partitions
 from pipelines.errors import DataError, StageError
 from pipelines.preload.validate import FileInfo, check_schema, convert_batch, inspect_files, output_schema
-from pipelines.rundir import RunDir, input_key, write_json
 from pipelines.spec import DatasetSpec, JobSpec
-from pipelines.stages import StageContext
+from pipelines.stores.rundir import RunDir, input_key, write_json
 
 __all__ = [
     "PreloadPlan",

@@ -13,11 +13,11 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from pipelines.core.stages import StageContext
 from pipelines.errors import StageError
-from pipelines.modelstore import ModelStore
-from pipelines.rundir import RunDir, input_key
 from pipelines.spec import JobSpec
-from pipelines.stages import StageContext
+from pipelines.stores.models import ModelStore
+from pipelines.stores.rundir import RunDir, input_key
 
 log = logging.getLogger(__name__)
 

@@ -15,11 +15,11 @@ import re
 from pathlib import Path
 from typing import Any
 
+from pipelines.core.stages import StageContext
 from pipelines.errors import StageError
-from pipelines.modelstore import WEIGHTS, ModelStore
-from pipelines.rundir import RunDir, input_key
 from pipelines.spec import JobSpec
-from pipelines.stages import StageContext
+from pipelines.stores.models import WEIGHTS, ModelStore
+from pipelines.stores.rundir import RunDir, input_key
 
 log = logging.getLogger(__name__)
 

@@ -223,7 +223,7 @@ class TrainingSpec(_Strict):
     @field_validator("combiner")
     @classmethod
     def _combiner(cls, v: str) -> str:
-        from pipelines.combiners import CombinerError, resolve_combiner
+        from pipelines.train.combiners import CombinerError, resolve_combiner
 
         try:
             resolve_combiner(v, strict=False)

@@ -8,7 +8,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 
-from pipelines.balance import sustained_rate
+from pipelines.sync.balance import sustained_rate
 
 
 def calibration_batch(features, labels, shape: Sequence[int], rows: int):

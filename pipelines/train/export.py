@@ -11,7 +11,7 @@ def export_saved_model(model, shape: Sequence[int], mean: float, std: float, tar
     """Write the SavedModel to ``target`` atomically (a killed export leaves no half model)."""
     import tensorflow as tf
 
-    from pipelines.rundir import atomic_path
+    from pipelines.stores.rundir import atomic_path
 
     class Serving(tf.Module):
         def __init__(self):
@@ -30,7 +30,7 @@ def export_saved_model(model, shape: Sequence[int], mean: float, std: float, tar
 def save_weights(model, target: str | os.PathLike) -> None:
     """The model's weights as a Keras ``.weights.h5`` file, atomically: a warm start loads them
     into a model of the same architecture (``pipelines.train.warm``)."""
-    from pipelines.rundir import atomic_path
+    from pipelines.stores.rundir import atomic_path
 
     with atomic_path(target) as tmp:
         model.save_weights(str(tmp) + ".weights.h5")

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pipelines.rundir import RunDir
+from pipelines.stores.rundir import RunDir
 
 NO_CAP = 1 << 30  # a rank's memory cap when the plan gives none
 
@@ -85,7 +85,7 @@ def load_job(args: argparse.Namespace, size: int) -> TrainJob:
 
 def read_plan(plan: str | None, run_dir: RunDir) -> dict | None:
     """``--plan`` (which must exist), else ``<run-dir>/estimate/plan.json``, else None (equal batches)."""
-    from pipelines.plan import load_plan, plan_path
+    from pipelines.core.plan import load_plan, plan_path
     from pipelines.spec import SpecError
 
     if plan:
@@ -106,7 +106,7 @@ def place(plan: dict | None, size: int, global_batch: int | None, spec_global_ba
     B is ``global_batch`` (``--global-batch``), else the plan's, else the spec's (64 per rank when
     it is ``auto``).  The plan's batches are used when they sum to B, else B is split equally.
     """
-    from pipelines.balance import split_proportional
+    from pipelines.sync.balance import split_proportional
 
     ranks = plan["ranks"] if plan else None
     if ranks is not None and len(ranks) != size:
@@ -130,7 +130,7 @@ def place(plan: dict | None, size: int, global_batch: int | None, spec_global_ba
 
 def base_learning_rate(training: Any, run_dir: RunDir, global_batch: int) -> float:
     """The spec's rate, or lr_search's when it is ``auto``, scaled linearly to ``global_batch``."""
-    from pipelines.balance import scaled_learning_rate
+    from pipelines.sync.balance import scaled_learning_rate
 
     lr = training.learning_rate
     if isinstance(lr, float | int) and not isinstance(lr, bool):

@@ -92,7 +92,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def chief(args) -> int:
     """The chief's work: train (or find the stored result) and print the result; the exit code."""
-    from pipelines.comm import print_result
+    from pipelines.sync.horovod_job import print_result
     from pipelines.train.result import completed
     from pipelines.train.trainer import failed, out_dir, result_key
 

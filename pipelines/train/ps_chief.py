@@ -78,9 +78,9 @@ class Chief:
     def __init__(self, args, key: str):
         import tensorflow as tf
 
-        from pipelines.combiners import check_combine, resolve_combiner
         from pipelines.models import build_model
         from pipelines.train.checkpoints import Checkpoints
+        from pipelines.train.combiners import check_combine, resolve_combiner
         from pipelines.train.job import load_job
         from pipelines.train.ps_server import Server, build_update
 
@@ -124,8 +124,8 @@ class Chief:
     # ------------------------------------------------------------------------------ the loop
 
     def fit(self) -> dict:
-        from pipelines.balance import scaled_learning_rate
         from pipelines.data.reader import epoch_permutation
+        from pipelines.sync.balance import scaled_learning_rate
         from pipelines.train.events import EventWriter
 
         job, ckpt, t = self.job, self.checkpoints, self.t
@@ -180,7 +180,7 @@ class Chief:
 
     def schedule(self, rows) -> Pending:
         """One update of ``rows`` at the schedule's current rate, to the next free worker."""
-        from pipelines.balance import scheduled_lr
+        from pipelines.sync.balance import scheduled_lr
 
         tf, job = self.tf, self.job
         x = job.x[rows].reshape((-1, *job.shape))
@@ -226,7 +226,7 @@ class Chief:
 
     def sync_round(self, order, pos: int) -> int:
         """One round: an update per worker on the next rows, then the round's mean applied once."""
-        from pipelines.balance import scheduled_lr
+        from pipelines.sync.balance import scheduled_lr
 
         flight: collections.deque[Pending] = collections.deque()
         for _ in range(self.workers):
@@ -266,7 +266,7 @@ class Chief:
 
     def end_window(self) -> None:
         """The window's record (the Horovod trainer's keys, per worker) into history and events."""
-        from pipelines.balance import compute_shares, scheduled_lr
+        from pipelines.sync.balance import compute_shares, scheduled_lr
 
         rows, now = self.window, time.perf_counter()
         if not rows:
@@ -350,7 +350,7 @@ class Chief:
     def finish(self, resumed_from: int, train_s: float) -> dict:
         """The last checkpoint, the SavedModel and weights (from a local copy of the model), the
         events, summary.json and, last, result.json; returns the stage result."""
-        from pipelines.rundir import write_json
+        from pipelines.stores.rundir import write_json
         from pipelines.train.export import export_saved_model, save_weights
         from pipelines.train.result import result_path, stage_result
         from pipelines.train.warm import WEIGHTS

@@ -5,7 +5,7 @@ lock under which one update at a time is applied, and the update a worker runs
 A worker's update (:func:`build_update`) reads the parameter version, computes its gradients on the
 parameters it pulls, then, under the server's lock (a ``tf.CriticalSection`` on the first
 parameter server), measures its staleness τ (parameter changes since it read the version), and
-hands the update to the combiner (``pipelines.combiners``) unless the mode refuses it:
+hands the update to the combiner (``pipelines.train.combiners``) unless the mode refuses it:
 
 - ``async``: every update is combined;
 - ``bounded``: an update with τ > ``max_staleness`` is not combined (the chief trains its rows
@@ -24,7 +24,7 @@ from typing import Any, NamedTuple
 
 # What an update returns, in this order (one float64 vector).
 RECORD = ("loss", "correct", "samples", "staleness", "admitted", "version", "worker", "compute_s", "wait_s")
-MOMENTUM = 0.9  # SGD, as pipelines.step.make_optimizer
+MOMENTUM = 0.9  # SGD, as pipelines.sync.step.make_optimizer
 ADAM = (0.9, 0.999, 1e-7)  # beta_1, beta_2, epsilon: Keras' defaults
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from pipelines.balance import allocate, damped, drifted, sustained_rate
+from pipelines.sync.balance import allocate, damped, drifted, sustained_rate
 from pipelines.train.window import Window
 
 
@@ -60,7 +60,7 @@ class Rebalancer:
         """The new batches if the speeds ``rates`` drifted from ``batches``, else None.
 
         Starts a new measurement either way.  A move that would undo the last re-balance is
-        halved (:func:`pipelines.balance.damped`), so noise settles instead of oscillating.
+        halved (:func:`pipelines.sync.balance.damped`), so noise settles instead of oscillating.
         """
         self.samples = self.busy_s = self.cpu_s = self.seconds = 0.0
         self.checked = True

@@ -18,7 +18,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from pipelines.rundir import RunDir, input_key, read_completed
+from pipelines.stores.rundir import RunDir, input_key, read_completed
 
 STAGE = "train"
 RESULT_FILE = "result.json"

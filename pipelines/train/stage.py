@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import logging
 
-from pipelines.plan import run_plan
-from pipelines.rundir import RunDir
+from pipelines.core.plan import run_plan
+from pipelines.core.stages import StageContext
 from pipelines.spec import JobSpec, load_pool
-from pipelines.stages import StageContext
+from pipelines.stores.rundir import RunDir
 from pipelines.train.result import STAGE, completed, train_input_key
 
 log = logging.getLogger(__name__)

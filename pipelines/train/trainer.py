@@ -59,8 +59,8 @@ KEYED_OPTIONS = ("epochs", "global_batch", "max_steps", "no_balance")
 def result_key(args: argparse.Namespace) -> str:
     """The input key of this job's result (pipelines.train.result.train_input_key, as the local
     train stage computes it), from the files every rank reads."""
-    from pipelines.rundir import RunDir
     from pipelines.spec import SpecError, load_spec
+    from pipelines.stores.rundir import RunDir
     from pipelines.train.job import read_plan
     from pipelines.train.result import train_input_key
 
@@ -80,7 +80,7 @@ def main(argv: list[str] | None = None) -> int:
     """Train one rank; rank 0 prints the stage result last.  Every rank first looks for a result
     of the same inputs (the same file on the shared run directory, so all ranks agree) and, when
     there is one, exits at once without joining the rendezvous; rank 0 prints it."""
-    from pipelines.comm import horovod_job, print_result, start_rank
+    from pipelines.sync.horovod_job import horovod_job, print_result, start_rank
     from pipelines.train.result import completed
 
     rank = start_rank()
@@ -134,7 +134,7 @@ class Trainer:
         import tensorflow as tf
 
         from pipelines.models import build_model
-        from pipelines.step import build_steps, make_optimizer
+        from pipelines.sync.step import build_steps, make_optimizer
         from pipelines.train.checkpoints import Checkpoints
         from pipelines.train.job import cpu_quota_reader, load_job
         from pipelines.train.rebalance import Rebalancer
@@ -161,14 +161,14 @@ class Trainer:
         self.warm_started_from: str | None = None  # the model store version training started from
         self.events = None  # rank 0's EventWriter (set by fit); None on the other ranks
         self.probe = None  # rank 0: the fixed rows whose activations the events record
-        # Where the run's time went before the loop (pipelines.runlog.actual_parts reads them).
+        # Where the run's time went before the loop (pipelines.stores.run_records.actual_parts reads them).
         self.timings: dict[str, float] = {"startup_s": 0.0, "calibration_s": 0.0}
 
     def fit(self) -> dict:
         """Resume or calibrate; train window by window to the last epoch; save, export, summarise.
         Returns the stage result (pipelines.train.result)."""
-        from pipelines.balance import epoch_steps
         from pipelines.data.reader import RankInput, epoch_permutation
+        from pipelines.sync.balance import epoch_steps
         from pipelines.train.events import EventWriter
 
         job, ckpt, t = self.job, self.checkpoints, self.job.spec.training
@@ -218,7 +218,7 @@ class Trainer:
         accuracy and the two in-graph times.  Returns the window's measurements, the step and
         row reached, and whether ``--max-steps`` was reached.
         """
-        from pipelines.balance import scheduled_lr
+        from pipelines.sync.balance import scheduled_lr
         from pipelines.train.window import Window, plan_window
 
         tf, ckpt, t, rank = self.tf, self.checkpoints, self.job.spec.training, self.rank
@@ -300,8 +300,8 @@ class Trainer:
 
     def calibrate(self) -> list[int]:
         """Every rank times forward+backward at its batch; returns B split by the speeds."""
-        from pipelines.balance import allocate
-        from pipelines.step import step_weight
+        from pipelines.sync.balance import allocate
+        from pipelines.sync.step import step_weight
         from pipelines.train.calibration import calibration_batch, probe_rate
 
         b = max(1, self.batches[self.rank])
@@ -335,7 +335,7 @@ class Trainer:
     def finish(self, step: int, done: bool, resumed_from: int, train_s: float, events) -> dict:
         """Final checkpoint, SavedModel, events, summary.json and, last, result.json (rank 0 alone
         writes them); returns the stage result."""
-        from pipelines.rundir import write_json
+        from pipelines.stores.rundir import write_json
         from pipelines.train.export import export_saved_model, save_weights
         from pipelines.train.result import result_path, stage_result
         from pipelines.train.warm import WEIGHTS

@@ -11,7 +11,7 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from pipelines.modelstore import WEIGHTS  # in the train folder and in every published version
+from pipelines.stores.models import WEIGHTS  # in the train folder and in every published version
 from pipelines.train.job import TrainingError
 
 log = logging.getLogger("pipelines.train")
@@ -22,7 +22,7 @@ def promoted_version(spec: Any) -> str | None:
     (part of the training's input key: a newly promoted model is a new starting point)."""
     if not spec.training.warm_start:
         return None
-    from pipelines.modelstore import ModelStore
+    from pipelines.stores.models import ModelStore
 
     promoted = ModelStore(spec.model_store_uri()).promoted(spec.model_store_name())
     return promoted["version"] if promoted else None
@@ -32,7 +32,7 @@ def warm_start(model: Any, spec: Any, scratch: Path) -> str | None:
     """Load the promoted version's weights into ``model``; returns the version, or None when there
     is none to start from.  A version of another architecture is a :class:`TrainingError` naming
     it and the model."""
-    from pipelines.modelstore import ModelStore
+    from pipelines.stores.models import ModelStore
 
     store, name = ModelStore(spec.model_store_uri()), spec.model_store_name()
     promoted = store.promoted(name)

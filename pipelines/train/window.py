@@ -16,8 +16,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from pipelines.balance import StepSlice, balance_efficiency, compute_shares, epoch_steps
-from pipelines.step import step_weight
+from pipelines.sync.balance import StepSlice, balance_efficiency, compute_shares, epoch_steps
+from pipelines.sync.step import step_weight
 
 # The columns of ``figs``: the order of Window.figures().
 FIGURES = ("compute_s", "wait_s", "input_s", "samples", "seconds", "rate", "loop_s")
@@ -30,7 +30,7 @@ class WindowPlan:
 
     mine: list[StepSlice]  # per step, this rank's rows (positions in the epoch's permutation)
     rows: list[int]  # per step, the rows of all ranks together
-    weights: list[float]  # per step, this rank's loss weight (see pipelines.step)
+    weights: list[float]  # per step, this rank's loss weight (see pipelines.sync.step)
 
 
 def plan_window(num_rows: int, pos: int, batches: Sequence[int], steps: int, rank: int) -> WindowPlan:
@@ -105,7 +105,7 @@ def run_figures(history: Sequence[dict], devices: Sequence[str], batches: Sequen
     process's first (which also traces the graph; a run of one window keeps it): per rank its
     samples/s of compute, and its compute, allreduce wait, input wait and other (host) time, which
     add up to the steady loop's wall time, and its share of that time computing; for the run the
-    mean of those shares, :func:`pipelines.balance.balance_efficiency`, and the largest share any
+    mean of those shares, :func:`pipelines.sync.balance.balance_efficiency`, and the largest share any
     rank waited for its input.
     """
     import numpy as np

@@ -2,7 +2,7 @@
 
 Step times are measured where the devices are: each pod gets its device type's resources, node
 selector, tolerations and affinity and runs the same calibration command as a local calibration
-process (``pipelines.stages.calibration_command``), writing its profile into the shared run
+process (``pipelines.core.stages.calibration_command``), writing its profile into the shared run
 directory.  The pods are one gang (:class:`hetero.kubernetes_job.HorovodGang`, without a
 Service): a pod that cannot be scheduled or fails ends the task with its reason, and every pod is
 deleted at the end, on failure and on kill.  The estimate stage pod then plans from the profiles.

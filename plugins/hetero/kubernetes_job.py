@@ -41,9 +41,9 @@ from airflow.sdk import BaseOperator
 from airflow.sdk.exceptions import AirflowException
 
 from hetero.stage_runner import carried_inputs, stage_context
+from pipelines.core.plan import default_plan, load_plan
+from pipelines.core.stages import last_json_object
 from pipelines.launch import k8s
-from pipelines.plan import default_plan, load_plan
-from pipelines.stages import last_json_object
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
@@ -679,7 +679,7 @@ class HorovodJobOperator(BaseOperator):
     :param run_dir: the run directory as pods see it (default: under the artifact volume). (templated)
     :param pool: pool file path or dict (default: the spec's ``pool``). (templated)
     :param stage: whose rank program the pods run: ``train`` or ``lr_search``
-        (``pipelines.stages.RANK_PROGRAMS``).
+        (``pipelines.core.stages.RANK_PROGRAMS``).
     :param fresh: run even when the run directory holds a result for the same inputs.
     :param kubernetes_conn_id: Airflow connection (default: the spec's ``kubernetes.kubernetes_conn_id``).
     :param poll_interval: seconds between status polls.
@@ -716,7 +716,7 @@ class HorovodJobOperator(BaseOperator):
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
-        from pipelines.stages import RANK_PROGRAMS
+        from pipelines.core.stages import RANK_PROGRAMS
 
         if stage not in RANK_PROGRAMS:
             raise ValueError(f"stage {stage!r} does not run as ranks; choose from {sorted(RANK_PROGRAMS)}")

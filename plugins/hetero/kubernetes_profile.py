@@ -14,8 +14,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from hetero.kubernetes_job import HorovodJobOperator
+from pipelines.core.profiling_commands import DEFAULT_SIZE
 from pipelines.launch import k8s
-from pipelines.profiling import DEFAULT_SIZE
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
@@ -31,7 +31,7 @@ class ProfilePodOperator(HorovodJobOperator):
     :param spec_json: the job spec whose ``kubernetes`` section, ``artifact_root`` and
         ``estimate.profile_bank`` the pod uses; its ``pool`` names the device types.
     :param device: the device type to sweep; None: the fit pod.
-    :param size: the sweep's size (``pipelines.profiling.SIZES``).
+    :param size: the sweep's size (``pipelines.core.profiling_commands.SIZES``).
     :param source: what the bank records as the rows' source (the Airflow run).
 
     Other parameters: those of :class:`~hetero.kubernetes_job.HorovodJobOperator` (``plan`` is not used).

@@ -2,7 +2,7 @@
 
 The pod runs the trainer image with exactly the command line the local runner uses,
 ``python -m pipelines <stage> --spec ... --run-dir ... --pool ... --dag-id ... --run-id ... --try-number ...``
-(:func:`pipelines.stages.stage_command`): the spec, the pool and its profiles override go inline,
+(:func:`pipelines.core.stages.stage_command`): the spec, the pool and its profiles override go inline,
 since the pod cannot read the Airflow side's files; the stage copies them into the run directory.  That command prints the stage's JSON result as the
 last line of its standard output; the operator follows the pod's log (the provider's log
 streaming), keeps the last lines and returns the last JSON object line as the task's XCom.

@@ -41,7 +41,7 @@ def no_retry_for_bad_ranks():
 
 
 class PipelineStageOperator(BaseOperator):
-    """Run ``stage`` (one of ``pipelines.stages.STAGES``) with the run's params as job spec.
+    """Run ``stage`` (one of ``pipelines.core.stages.STAGES``) with the run's params as job spec.
 
     When it ends, the task's extra links (:mod:`hetero.links`) come from its result, and the
     publish task's Asset outlets carry the new version (``version``, ``uri``) in their event.
@@ -120,10 +120,10 @@ class PipelineStageOperator(BaseOperator):
 
     def gang_operator(self, spec, plan: dict | None) -> type:
         """The operator of this stage's gang: the train task's strategy (``training.strategy``, or
-        with ``auto`` the plan's, :func:`pipelines.plan.plan_strategy`) picks the parameter-server
+        with ``auto`` the plan's, :func:`pipelines.core.plan.plan_strategy`) picks the parameter-server
         job (``ParameterServerJobOperator``) or the Horovod job (``HorovodJobOperator``, also the
         range test's)."""
-        from pipelines.plan import plan_strategy
+        from pipelines.core.plan import plan_strategy
 
         if self.stage == "train" and plan_strategy(spec, plan) == "parameter_server":
             from hetero.kubernetes_ps import ParameterServerJobOperator

@@ -2,7 +2,7 @@
 family on each (one mapped task per type), probe a local pool's allreduce, and fit the profile
 bank (docs/ARCHITECTURE.md, "Profiling a pool").
 
-Each task runs one command of :mod:`pipelines.profiling` and returns its last JSON line as XCom;
+Each task runs one command of :mod:`pipelines.core.profiling_commands` and returns its last JSON line as XCom;
 exit 2 (bad input) fails the task without retries, anything else is retried:
 
 - ``launcher: local``: the command runs as a subprocess in the trainer environment
@@ -30,7 +30,7 @@ from typing import Any
 from airflow.sdk import BaseOperator
 
 from hetero.stage_runner import PROJECT_ROOT, LocalCommand, stage_context, trainer_python
-from pipelines.profiling import (
+from pipelines.core.profiling_commands import (
     DEFAULT_SIZE,
     SIZES,
     check_size,

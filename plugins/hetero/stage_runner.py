@@ -1,6 +1,6 @@
 """Run a pipeline stage as a subprocess in the trainer environment, from an Airflow task.
 
-The command is exactly what a pod runs (:func:`pipelines.stages.stage_command`) with the trainer
+The command is exactly what a pod runs (:func:`pipelines.core.stages.stage_command`) with the trainer
 environment's Python, the pool and its profiles carried inline (:func:`carried_inputs`).  Its output is streamed line by line into the task log; a non-zero exit
 fails the task with the stage's own ``ERROR:`` lines; the last line (a JSON document) becomes
 the task's XCom.  If the task is killed, the stage's whole process group is stopped.
@@ -20,11 +20,11 @@ from pathlib import Path
 
 from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
+from pipelines.core.stages import StageContext, last_json_object, run_inputs, stage_command
 from pipelines.errors import EXIT_BAD_INPUT
 from pipelines.launch.lifetime import child_env
-from pipelines.rundir import RunDir
 from pipelines.spec import JobSpec, SpecError, load_spec
-from pipelines.stages import StageContext, last_json_object, run_inputs, stage_command
+from pipelines.stores.rundir import RunDir
 
 log = logging.getLogger(__name__)
 

@@ -42,7 +42,7 @@ def test_dag_file_parses_fast_without_heavy_imports(dag_file):
 def test_main_dag_structure():
     from airflow.dag_processing.dagbag import DagBag
 
-    from pipelines.stages import STAGES
+    from pipelines.core.stages import STAGES
 
     bag = DagBag(dag_folder=str(ROOT / "dags" / "train_pipeline.py"))
     assert "train_pipeline" in bag.dags, bag.import_errors

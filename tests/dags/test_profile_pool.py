@@ -28,7 +28,7 @@ from hetero.profiling import (
     sweep_lock,
 )
 from hetero.stage_runner import StageProcessError
-from pipelines.profiling import fit_bank_command, probe_allreduce_command, profile_command
+from pipelines.core.profiling_commands import fit_bank_command, probe_allreduce_command, profile_command
 from pipelines.spec import SpecError
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -219,7 +219,7 @@ def test_the_probe_runs_on_local_pools_and_is_skipped_on_kubernetes(tmp_path, tr
 
 def test_reference_runs_run_on_local_pools_unless_turned_off(tmp_path, trainer):
     from hetero.profiling import ReferenceRunsOperator
-    from pipelines.profiling import reference_runs_command
+    from pipelines.core.profiling_commands import reference_runs_command
 
     ReferenceRunsOperator(task_id="reference_runs").execute(context(params(tmp_path)))
     pool = str(ROOT / "examples" / "pool-local.yaml")

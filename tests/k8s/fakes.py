@@ -26,7 +26,7 @@ RUN_DIR = "/mnt/artifacts/train_pipeline/manual__2026-01-01T00_00_00+00_00"
 def trainer_result(steps: int = 40) -> dict[str, Any]:
     """The train stage's result as rank 0 of the trainer prints it (pipelines.train.result.stage_result
     over a summary with the trainer's fields)."""
-    from pipelines.rundir import RunDir
+    from pipelines.stores.rundir import RunDir
     from pipelines.train.result import stage_result
 
     ranks = [{"balance_efficiency": 0.9, "batch": batch, "compute_s": 3.1, "device": device, "input_wait_s": 0.06,

@@ -17,10 +17,10 @@ from restricted import restricted_violations
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "cluster"))
 
+from pipelines.core.stages import calibration_command  # noqa: E402
 from pipelines.launch import k8s  # noqa: E402
-from pipelines.rundir import safe_component  # noqa: E402
 from pipelines.spec import load_pool, load_spec  # noqa: E402
-from pipelines.stages import calibration_command  # noqa: E402
+from pipelines.stores.rundir import safe_component  # noqa: E402
 
 pytest_plugins = ["testcluster.fixtures"]  # cluster, kube, kube_conn, task_context
 K8S_VERSION = "1.29"
@@ -98,7 +98,7 @@ def _operator(doc: dict):
 
 
 def test_calibration_pods_time_the_model_on_every_device_type(cluster, kube, kube_conn, task_context, tmp_path):
-    from pipelines.estimate.profile import model_key
+    from pipelines.estimate.calibrate import model_key
 
     pool = _pool(tmp_path, {"fast": {"cpu": "1", "memory": "1Gi"}, "slow": {"cpu": "500m", "memory": "1Gi"}})
     doc = _spec(cluster, tmp_path, pool, kube_conn)

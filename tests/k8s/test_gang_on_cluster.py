@@ -29,7 +29,7 @@ sys.path.insert(0, str(ROOT / "tests" / "cluster"))
 from k8s_support import TWO_TYPES_POOL, cluster_spec_doc, preload_on_cluster, wait_for  # noqa: E402
 
 from hetero.kubernetes_job import GangError, HorovodJobOperator, RankPodFailed, identity_from_context  # noqa: E402
-from pipelines.rundir import safe_component  # noqa: E402
+from pipelines.stores.rundir import safe_component  # noqa: E402
 
 pytest_plugins = ["testcluster.fixtures"]  # cluster, kube
 

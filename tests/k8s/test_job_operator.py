@@ -30,8 +30,8 @@ from hetero.kubernetes_job import (
     build_pod,
     identity_from_context,
 )
+from pipelines.core.stages import rank_command
 from pipelines.spec import load_pool
-from pipelines.stages import rank_command
 
 
 def make_operator(spec_doc, plan, fake: FakeCoreV1, **kwargs):

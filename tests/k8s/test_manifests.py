@@ -14,12 +14,12 @@ from k8s_support import GPU_POOL, LOCAL_POOL
 from restricted import restricted_violations
 
 from pipelines.__main__ import main
+from pipelines.core.plan import default_plan, load_plan
+from pipelines.core.stages import rank_command
 from pipelines.launch import k8s
 from pipelines.launch.render import render_job
 from pipelines.launch.rendezvous import RENDEZVOUS_PORT
-from pipelines.plan import default_plan, load_plan
 from pipelines.spec import SpecError, load_pool, load_spec
-from pipelines.stages import rank_command
 
 K8S_VERSION = "1.37.0"
 LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")

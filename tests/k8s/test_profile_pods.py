@@ -18,9 +18,9 @@ from k8s_support import GPU_POOL, make_context
 from restricted import restricted_violations
 
 from pipelines.__main__ import main
+from pipelines.core.profiling_commands import fit_bank_command, sweep_command
 from pipelines.launch import k8s
 from pipelines.launch.render import render_profile_pods
-from pipelines.profiling import fit_bank_command, sweep_command
 from pipelines.spec import SpecError, load_pool, load_spec
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "cluster"))
@@ -76,11 +76,11 @@ def test_one_sweep_pod_per_device_type_with_its_resources_placement_and_the_swee
 
 
 def test_the_pods_run_the_sweeps_own_command_line():
-    """pipelines.profiling (light: the Airflow side and the manifests) builds the command the sweep
+    """pipelines.core.profiling_commands (light: the Airflow side and the manifests) builds the command the sweep
     parses (pipelines.estimate.sweep, which uses it for its local children too), and knows the
     same sizes."""
+    from pipelines.core.profiling_commands import SIZES
     from pipelines.estimate import family
-    from pipelines.profiling import SIZES
 
     args = ("{}", "t4", "kubernetes", "s3://banks/gpu", "small", SOURCE, 4)
     command = sweep_command(*args)

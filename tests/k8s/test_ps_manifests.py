@@ -12,11 +12,11 @@ import pytest
 from k8s_support import GPU_POOL
 from restricted import restricted_violations
 
+from pipelines.core.plan import plan_strategy
+from pipelines.core.stages import ps_command
 from pipelines.launch import k8s, tfconfig
 from pipelines.launch.render import render_job
-from pipelines.plan import plan_strategy
 from pipelines.spec import SpecError, load_pool, load_spec
-from pipelines.stages import ps_command
 
 K8S_VERSION = "1.37.0"
 RUN_ID = "manual__2026-01-01T00:00:00+00:00"

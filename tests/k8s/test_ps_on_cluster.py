@@ -35,7 +35,7 @@ from k8s_support import TWO_TYPES_POOL, cluster_spec_doc, preload_on_cluster, wa
 
 from hetero.kubernetes_job import identity_from_context  # noqa: E402
 from hetero.kubernetes_ps import ParameterServerFailed, ParameterServerJobOperator  # noqa: E402
-from pipelines.rundir import safe_component  # noqa: E402
+from pipelines.stores.rundir import safe_component  # noqa: E402
 
 pytest_plugins = ["testcluster.fixtures"]  # cluster, kube, kube_conn
 

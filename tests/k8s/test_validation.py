@@ -10,7 +10,7 @@ import copy
 import pytest
 from k8s_support import GPU_POOL, LOCAL_POOL
 
-from pipelines.plan import check_plan
+from pipelines.core.plan import check_plan
 from pipelines.spec import SpecError, check_kubernetes, load_pool, load_spec
 
 SECRET = "wJalrXUtnFEMI/K7MDENG+bPxRfiCY"

@@ -15,10 +15,10 @@ import pytest
 from pipelines.analyze import events
 from pipelines.analyze.evaluate import confusion_metrics, iter_holdout
 from pipelines.analyze.report import SECTIONS, build_report
+from pipelines.core.stages import StageContext, resolve
 from pipelines.errors import DataError
-from pipelines.rundir import RunDir, write_json
 from pipelines.spec import load_spec
-from pipelines.stages import StageContext, resolve
+from pipelines.stores.rundir import RunDir, write_json
 
 pytestmark = pytest.mark.trainer
 
@@ -756,8 +756,8 @@ def test_updates_file_errors_name_the_file_line_and_field(tmp_path):
 
 
 def test_only_horovod_runs_are_recorded_in_the_profile_bank(tmp_path):
-    from pipelines.profilebank import ProfileBank
-    from pipelines.runlog import PARTS, record_run
+    from pipelines.stores.profile_bank import ProfileBank
+    from pipelines.stores.run_records import PARTS, record_run
 
     history = [{"step": s, "seconds": 1.0, "batches": [40, 24], "compute_s": [0.8, 0.8]} for s in (10, 20, 30, 40)]
     summary = {"timings": {"startup_s": 0.2, "calibration_s": 1.0}, "history": history, "resumed_from_step": 0,

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pipelines.balance import (
+from pipelines.sync.balance import (
     AllocationError,
     allocate,
     balance_efficiency,

@@ -8,8 +8,8 @@ import types
 
 import pytest
 
-from pipelines.combiners import COMBINERS, CombinerError, check_combine, resolve_combiner
 from pipelines.spec import SpecError, load_spec
+from pipelines.train.combiners import COMBINERS, CombinerError, check_combine, resolve_combiner
 
 BASE = {"dataset": {"uri": "data/x"}}
 

@@ -7,7 +7,7 @@ import threading
 
 import pytest
 
-from pipelines import comm
+from pipelines.sync import horovod_job as comm
 
 pytestmark = pytest.mark.skipif(not os.path.isdir("/proc/self/task"), reason="needs Linux /proc")
 

@@ -8,8 +8,8 @@ import re
 
 import pytest
 
-from pipelines.balance import AllocationError
 from pipelines.errors import StageError
+from pipelines.estimate.calibrate import fit_step_time, max_batch
 from pipelines.estimate.planner import (
     choose,
     count_options,
@@ -18,8 +18,8 @@ from pipelines.estimate.planner import (
     ring_allreduce_s,
     score_candidate,
 )
-from pipelines.estimate.profile import fit_step_time, max_batch
 from pipelines.spec import PoolSpec
+from pipelines.sync.balance import AllocationError
 
 pytestmark = pytest.mark.trainer
 
@@ -258,7 +258,7 @@ def test_choose_minimises_the_objective_within_the_deadline_and_breaks_ties():
 
 def test_time_train_steps_and_calibration_subprocess(tmp_path):
     """One device type calibrated in a real subprocess (tiny model, short windows)."""
-    from pipelines.estimate.profile import calibrate_pool
+    from pipelines.estimate.calibrate import calibrate_pool
     from pipelines.spec import load_spec
 
     spec = load_spec(
@@ -276,10 +276,10 @@ def test_time_train_steps_and_calibration_subprocess(tmp_path):
 def test_calibration_command_runs_this_modules_cli(tmp_path):
     import sys
 
-    from pipelines.estimate.profile import calibration_command
+    from pipelines.estimate.calibrate import calibration_command
 
     cmd = calibration_command(tmp_path / "spec.json", "slow", tmp_path / "p.json", 2, (8, 64), 0.5)
-    assert cmd[:3] == [sys.executable, "-m", "pipelines.estimate.profile"]
+    assert cmd[:3] == [sys.executable, "-m", "pipelines.estimate.calibrate"]
     args = dict(zip(cmd[3::2], cmd[4::2], strict=True))
     assert args == {"--spec": str(tmp_path / "spec.json"), "--device": "slow", "--out": str(tmp_path / "p.json"),
                     "--threads": "2", "--batches": "8,64", "--min-seconds": "0.5"}  # fmt: skip
@@ -298,7 +298,7 @@ def _calibrate_with(tmp_path, code: str, timeout_s: float = 30.0):
     import os
     import sys
 
-    from pipelines.estimate.profile import run_calibration
+    from pipelines.estimate.calibrate import run_calibration
 
     dev = pool().device_types[1]  # slow: core 0, 0.4 of a CPU
     out = tmp_path / "profile.json"
@@ -324,8 +324,8 @@ def test_run_calibration_failures_name_the_device_and_show_the_output(tmp_path):
 
 
 def _stage_setup(tmp_path, **spec_extra):
-    from pipelines.rundir import RunDir, write_json
     from pipelines.spec import load_spec
+    from pipelines.stores.rundir import RunDir, write_json
 
     pool_file = tmp_path / "pool.yaml"
     pool_file.write_text(json.dumps(LOCAL_POOL))
@@ -339,8 +339,8 @@ def _stage_setup(tmp_path, **spec_extra):
 
 
 def test_stage_kubernetes_without_calibration_pods_or_profiles_says_how_to_get_them(tmp_path):
+    from pipelines.core.stages import StageContext
     from pipelines.estimate.stage import run
-    from pipelines.stages import StageContext
 
     spec, run_dir, _ = _stage_setup(tmp_path)
     with pytest.raises(StageError, match=r"one calibration pod per device type.*pool\.profiles\.json"):
@@ -348,16 +348,16 @@ def test_stage_kubernetes_without_calibration_pods_or_profiles_says_how_to_get_t
 
 
 def _pod_profile(spec, device, fixed_s, per_sample_s, **extra):
-    from pipelines.estimate.profile import model_key
+    from pipelines.estimate.calibrate import model_key
 
     return {"device": device, "fixed_s": fixed_s, "per_sample_s": per_sample_s, "model": spec.model.name,
             "model_key": model_key(spec), **extra}
 
 
 def test_stage_kubernetes_plans_from_the_calibration_pods_profiles(tmp_path):
+    from pipelines.core.stages import StageContext
     from pipelines.estimate.stage import run
-    from pipelines.rundir import write_json
-    from pipelines.stages import StageContext
+    from pipelines.stores.rundir import write_json
 
     spec, run_dir, _ = _stage_setup(tmp_path, model={"name": "tiny_mlp"})
     folder = run_dir.root / "estimate" / "calibration"
@@ -382,8 +382,8 @@ def test_stage_kubernetes_plans_from_the_calibration_pods_profiles(tmp_path):
     ("small_cnn", "was measured for model 'small_cnn', but this job trains 'tiny_mlp'"),
 ])
 def test_a_profiles_override_is_checked_against_the_model_it_was_measured_for(tmp_path, recorded, message):
+    from pipelines.core.stages import StageContext
     from pipelines.estimate.stage import run
-    from pipelines.stages import StageContext
 
     spec, run_dir, _ = _stage_setup(tmp_path, model={"name": "tiny_mlp"})
     doc = {k: {"fixed_s": v["fixed_s"], "per_sample_s": v["per_sample_s"]} for k, v in LOCAL_PROFILES.items()}
@@ -395,9 +395,9 @@ def test_a_profiles_override_is_checked_against_the_model_it_was_measured_for(tm
 
 
 def test_stage_with_profiles_file_writes_plan_and_is_idempotent(tmp_path):
+    from pipelines.core.stages import StageContext
     from pipelines.estimate.stage import run
-    from pipelines.rundir import write_json
-    from pipelines.stages import StageContext
+    from pipelines.stores.rundir import write_json
 
     spec, run_dir, pool_file = _stage_setup(tmp_path, model={"name": "small_cnn"})
     (tmp_path / "pool.profiles.json").write_text(
@@ -438,10 +438,10 @@ def test_stage_kubernetes_without_a_profiles_file_plans_from_the_profile_bank(tm
     its parts, with the Kubernetes pool's allreduce not yet measured (a default, said so)."""
     from test_estimator import synthetic_rows
 
+    from pipelines.core.stages import StageContext
     from pipelines.estimate.stage import run
-    from pipelines.profilebank import ProfileBank, device_key
     from pipelines.spec import load_pool
-    from pipelines.stages import StageContext
+    from pipelines.stores.profile_bank import ProfileBank, device_key
 
     spec, run_dir, pool_file = _stage_setup(tmp_path, model={"name": "tiny_mlp"}, estimate={"calibrate": "never"})
     pool = load_pool(pool_file)
@@ -469,9 +469,9 @@ def test_stage_local_rerun_reuses_its_result_after_calibrating(tmp_path, monkeyp
     from test_estimator import synthetic_rows
 
     import pipelines.estimate.stage as stage
-    from pipelines.profilebank import ProfileBank, device_key, pool_key
+    from pipelines.core.stages import StageContext
     from pipelines.spec import load_pool
-    from pipelines.stages import StageContext
+    from pipelines.stores.profile_bank import ProfileBank, device_key, pool_key
 
     spec, run_dir, pool_file = _stage_setup(tmp_path, model={"name": "tiny_mlp"})
     spec = spec.model_copy(update={"launcher": "local"})
@@ -491,7 +491,7 @@ def test_stage_local_rerun_reuses_its_result_after_calibrating(tmp_path, monkeyp
         return {d.name: {"batches": [8, 64], "step_s": [0.002, 0.009], "threads": 1} for d in pool_.device_types}
 
     monkeypatch.setattr(stage, "calibrate_pool", calibrate_pool)
-    from pipelines.rundir import write_json
+    from pipelines.stores.rundir import write_json
 
     first = stage.run(spec, run_dir, StageContext())
     write_json(run_dir.result_path("estimate"), first)  # as `python -m pipelines estimate` does
@@ -508,12 +508,12 @@ def test_stage_kubernetes_pods_that_found_the_model_in_the_bank_measure_nothing(
     ``in_bank`` profile: the estimate plans from the bank's rows of the model, calibrating nothing."""
     from test_estimator import synthetic_rows
 
-    from pipelines.estimate.profile import banked_rows
+    from pipelines.core.stages import StageContext
+    from pipelines.estimate.calibrate import banked_rows
     from pipelines.estimate.stage import _features, run
-    from pipelines.profilebank import ProfileBank, device_key, features_key
-    from pipelines.rundir import write_json
     from pipelines.spec import load_pool
-    from pipelines.stages import StageContext
+    from pipelines.stores.profile_bank import ProfileBank, device_key, features_key
+    from pipelines.stores.rundir import write_json
 
     spec, run_dir, pool_file = _stage_setup(tmp_path, model={"name": "tiny_mlp"})
     pool = load_pool(pool_file)

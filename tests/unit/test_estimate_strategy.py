@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from pipelines.balance import AllocationError
+from pipelines.core.plan import check_plan
 from pipelines.errors import StageError
 from pipelines.estimate.planner import (
     PS_APPLY_BPS,
@@ -19,8 +19,8 @@ from pipelines.estimate.planner import (
     score_ps_candidate,
 )
 from pipelines.estimate.runtime import pick_strategy, predict_parts
-from pipelines.plan import check_plan
 from pipelines.spec import PoolSpec
+from pipelines.sync.balance import AllocationError
 
 pytestmark = pytest.mark.trainer
 
@@ -210,10 +210,10 @@ def test_a_parameter_server_plans_steps_are_not_corrected_by_what_synchronous_ru
 
 
 def _stage(tmp_path, **training):
+    from pipelines.core.stages import StageContext
     from pipelines.estimate.stage import run
-    from pipelines.rundir import RunDir, write_json
     from pipelines.spec import load_spec
-    from pipelines.stages import StageContext
+    from pipelines.stores.rundir import RunDir, write_json
 
     pool_file = tmp_path / "pool.yaml"
     pool_file.write_text(json.dumps(POOL.model_dump()))

@@ -11,8 +11,8 @@ import pytest
 
 from pipelines.errors import StageError
 from pipelines.estimate.regress import STEP_LAWS, fit_bank, select
-from pipelines.profilebank import BankError, ProfileBank, device_key, now
 from pipelines.spec import load_pool
+from pipelines.stores.profile_bank import BankError, ProfileBank, device_key, now
 
 POOL = {
     "device_types": [
@@ -220,7 +220,7 @@ def test_a_finished_run_teaches_the_next_estimate_in_the_right_direction(tmp_pat
     model's own measured steps replace the law."""
     from pipelines.estimate.predict import bank_profiles
     from pipelines.estimate.runtime import learned_corrections, predict_parts
-    from pipelines.runlog import record_run
+    from pipelines.stores.run_records import record_run
 
     pool, keys, bank = _bank_for_pool(tmp_path)
     feats = _features()
@@ -248,7 +248,7 @@ def test_a_finished_run_teaches_the_next_estimate_in_the_right_direction(tmp_pat
 
 
 def test_a_resumed_run_is_not_recorded(tmp_path):
-    from pipelines.runlog import actual_parts
+    from pipelines.stores.run_records import actual_parts
 
     assert actual_parts({**_summary(10, 5), "resumed_from_step": 30}) is None
     assert actual_parts({**_summary(10, 5), "timings": None}) is None
@@ -260,7 +260,7 @@ def test_a_resumed_run_is_not_recorded(tmp_path):
 def test_corrections_learn_a_per_step_cost_apart_from_a_proportional_one():
     """Runs whose steps cost 1.2x the prediction plus 3 ms each: two runs of different step sizes
     recover both, and the next prediction of a third size is right; one run gives its ratio."""
-    from pipelines.runlog import fit_correction
+    from pipelines.stores.run_records import fit_correction
 
     def actual(pred, steps):
         return 1.2 * pred + 0.003 * steps

@@ -30,7 +30,7 @@ def test_project_has_no_layering_violations():
 
 
 def test_every_stage_package_exists_with_a_stage_module():
-    from pipelines.stages import STAGES
+    from pipelines.core.stages import STAGES
 
     assert tuple(check_layering.STAGE_PACKAGES) == tuple(STAGES)
     for stage in STAGES:
@@ -59,8 +59,8 @@ def test_a_stage_importing_another_stage_fails_the_check(tmp_path, statement):
         "pipelines/estimate/stage.py": f"def run():\n    {statement}\n",
         "pipelines/train/trainer.py": "",
         "pipelines/train/comm.py": "",
-        "pipelines/balance.py": "",
-        "pipelines/train/stage.py": "from pipelines.balance import allocate\nfrom pipelines.train import comm\n",
+        "pipelines/sync/balance.py": "",
+        "pipelines/train/stage.py": "from pipelines.sync.balance import allocate\nfrom pipelines.train import comm\n",
     })
     found = check_layering.violations(root)
     assert found, "a stage-to-stage import went unnoticed"
@@ -88,7 +88,7 @@ def test_a_heavy_import_reached_from_a_plugin_fails_the_check(tmp_path):
 
 def test_the_plugins_parse_time_closure_covers_the_kubernetes_manifests():
     files = {p.relative_to(ROOT).as_posix() for p in check_layering.parse_time_files(ROOT)}
-    for rel in ("pipelines/launch/k8s.py", "pipelines/spec/__init__.py", "pipelines/rundir.py",
-                "pipelines/stages.py", "plugins/hetero/kubernetes_job.py"):
+    for rel in ("pipelines/launch/k8s.py", "pipelines/spec/__init__.py", "pipelines/stores/rundir.py",
+                "pipelines/core/stages.py", "plugins/hetero/kubernetes_job.py"):
         assert rel in files, rel
     assert "pipelines/train/trainer.py" not in files

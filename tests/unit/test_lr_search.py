@@ -293,7 +293,7 @@ def test_reference_rules_on_a_known_curve():
 
 
 def _run_dir(tmp_path):
-    from pipelines.rundir import RunDir, write_json
+    from pipelines.stores.rundir import RunDir, write_json
 
     run_dir = RunDir(tmp_path / "run")
     write_json(run_dir.result_path("preload"), {"train_shards": [], "input_key": "pre"})
@@ -306,9 +306,9 @@ SPEC = {"dataset": {"uri": "/data", "feature_shape": [6, 6, 1], "num_classes": 3
 
 
 def test_stage_passes_a_fixed_rate_scaled_to_the_plans_batch(tmp_path):
+    from pipelines.core.stages import StageContext
     from pipelines.lr_search.stage import run
     from pipelines.spec import load_spec
-    from pipelines.stages import StageContext
 
     run_dir, _ = _run_dir(tmp_path)
     fixed = run(load_spec({**SPEC, "training": {"learning_rate": 0.05}}), run_dir, StageContext())
@@ -319,12 +319,12 @@ def test_stage_passes_a_fixed_rate_scaled_to_the_plans_batch(tmp_path):
 
 
 def test_stage_returns_a_stored_result_for_the_same_inputs_and_reruns_for_others(tmp_path):
+    from pipelines.core.stages import StageContext
     from pipelines.lr_search.ranks import test_settings
     from pipelines.lr_search.result import search_key
     from pipelines.lr_search.stage import run
-    from pipelines.rundir import write_json
     from pipelines.spec import load_spec
-    from pipelines.stages import StageContext
+    from pipelines.stores.rundir import write_json
 
     run_dir, plan = _run_dir(tmp_path)
     spec = load_spec(SPEC)

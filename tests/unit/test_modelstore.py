@@ -9,7 +9,7 @@ import os
 import pytest
 
 from pipelines.errors import StageError
-from pipelines.modelstore import ModelStore
+from pipelines.stores.models import ModelStore
 
 
 @pytest.fixture

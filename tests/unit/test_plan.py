@@ -1,4 +1,4 @@
-"""The one plan loader (pipelines.plan): good plans load, bad ones name the field, and a plan is
+"""The one plan loader (pipelines.core.plan): good plans load, bad ones name the field, and a plan is
 checked against its pool before any rank starts."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import re
 
 import pytest
 
-from pipelines.plan import check_plan, load_plan
+from pipelines.core.plan import check_plan, load_plan
 from pipelines.spec import SpecError, load_pool
 
 PLAN = {
@@ -124,7 +124,7 @@ def test_the_example_gpu_pool_bounds_the_plan(tmp_path):
 
 
 def test_the_default_plan_says_its_strategy_and_gives_parameter_server_workers_equal_batches():
-    from pipelines.plan import default_plan
+    from pipelines.core.plan import default_plan
     from pipelines.spec import load_spec
 
     pool = load_pool(POOL)

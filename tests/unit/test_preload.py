@@ -18,12 +18,12 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from pipelines.core.stages import StageContext
 from pipelines.data.sources import check_allowed, day_range, open_filesystem, redact_uri
 from pipelines.errors import DataError, StageError
 from pipelines.preload.stage import STALE_TMP_AGE_S, holdout_mask, preload, run, selection_interval
-from pipelines.rundir import RunDir
 from pipelines.spec import DatasetSpec, JobSpec, PartitionFilter
-from pipelines.stages import StageContext
+from pipelines.stores.rundir import RunDir
 
 pytestmark = pytest.mark.trainer
 

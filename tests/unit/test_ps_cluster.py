@@ -8,10 +8,10 @@ import socket
 
 import pytest
 
+from pipelines.core.plan import plan_strategy
+from pipelines.core.stages import ps_command
 from pipelines.launch.tfconfig import cluster_spec, tasks, tf_config
-from pipelines.plan import plan_strategy
 from pipelines.spec import load_spec
-from pipelines.stages import ps_command
 from pipelines.train.job import TrainingError
 from pipelines.train.ps import ParameterServerLost, task_of
 from pipelines.train.ps_chief import reachable, wait_for_tasks

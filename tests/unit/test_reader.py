@@ -104,8 +104,8 @@ def test_bad_shards_name_the_file(tmp_path, split):
 
 
 def test_rank_input_feeds_the_gathered_rows(split):
-    from pipelines.balance import StepSlice
     from pipelines.data.reader import RankInput, epoch_permutation
+    from pipelines.sync.balance import StepSlice
 
     preload, x, y = split
     rows, labels = open_split(preload)

@@ -1,6 +1,6 @@
 """The run carries its inputs: the stage command copies the pool (and its profiles override) into
 the run directory beside spec.json, from a file or from the inline documents the operators pass
-(pipelines.stages.run_inputs), and the saved spec names the copy."""
+(pipelines.core.stages.run_inputs), and the saved spec names the copy."""
 
 from __future__ import annotations
 
@@ -11,9 +11,9 @@ import pytest
 import yaml
 
 from pipelines.__main__ import save_inputs
-from pipelines.rundir import RunDir
+from pipelines.core.stages import StageContext, run_inputs, stage_command
 from pipelines.spec import SpecError, load_pool, load_spec, pool_profiles_path
-from pipelines.stages import StageContext, run_inputs, stage_command
+from pipelines.stores.rundir import RunDir
 
 ROOT = Path(__file__).resolve().parents[2]
 POOL = {"device_types": [{"name": "fast", "count": 1, "memory_gb": 2, "power_watts": 10, "cost_per_hour": 1}]}

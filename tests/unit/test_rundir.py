@@ -8,7 +8,7 @@ import stat
 
 import pytest
 
-from pipelines.rundir import write_json, write_text
+from pipelines.stores.rundir import write_json, write_text
 
 
 def test_json_and_text_files_get_the_same_permissions_from_the_umask(tmp_path):

@@ -7,8 +7,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from pipelines.balance import loss_weights
-from pipelines.step import build_steps, forward_backward, step_weight
+from pipelines.sync.balance import loss_weights
+from pipelines.sync.step import build_steps, forward_backward, step_weight
 
 pytestmark = pytest.mark.trainer
 
@@ -99,7 +99,7 @@ def test_train_step_applies_the_averaged_gradient_and_times_itself(tf, model):
 
 
 def test_make_optimizer_is_the_jobs_optimizer(tf):
-    from pipelines.step import make_optimizer
+    from pipelines.sync.step import make_optimizer
 
     sgd, adam = make_optimizer("sgd", 0.01), make_optimizer("adam", 0.02)
     assert type(sgd).__name__ == "SGD" and float(sgd.momentum) == pytest.approx(0.9)

@@ -1,4 +1,4 @@
-"""A rank's set-up: the plan (read with pipelines.plan), the split of B, the learning rate."""
+"""A rank's set-up: the plan (read with pipelines.core.plan), the split of B, the learning rate."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from pipelines.rundir import RunDir
+from pipelines.stores.rundir import RunDir
 from pipelines.train.job import NO_CAP, TrainingError, base_learning_rate, place, read_plan
 
 pytestmark = pytest.mark.trainer

@@ -9,7 +9,7 @@ import json
 import pytest
 
 import pipelines.launch.rendezvous as rendezvous
-from pipelines.rundir import RunDir, write_json
+from pipelines.stores.rundir import RunDir, write_json
 from pipelines.train import trainer
 from pipelines.train.result import completed, stage_result, train_input_key
 
@@ -75,7 +75,7 @@ def test_other_inputs_or_fresh_train_again(run, monkeypatch):
 def test_the_trainer_and_the_stage_compute_one_key(run):
     """The local stage's key (train_input_key over the spec it was given) is the ranks' key over
     the spec the stage saved, so either finds the other's result."""
-    from pipelines.plan import run_plan
+    from pipelines.core.plan import run_plan
     from pipelines.spec import load_spec
 
     spec = load_spec(str(run.root / "spec.json"))

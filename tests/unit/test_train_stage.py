@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 
 import pipelines.launch.local as local
+from pipelines.core.stages import StageContext, rank_command
 from pipelines.errors import StageError
-from pipelines.rundir import RunDir, write_json
 from pipelines.spec import load_spec
-from pipelines.stages import StageContext, rank_command
+from pipelines.stores.rundir import RunDir, write_json
 from pipelines.train import stage, trainer
 from pipelines.train.result import stage_result, train_input_key
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from pipelines.balance import epoch_steps
+from pipelines.sync.balance import epoch_steps
 from pipelines.train.window import (
     FIGURES,
     LOOP,

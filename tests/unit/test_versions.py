@@ -9,11 +9,11 @@ import numpy as np
 import pytest
 from test_analyze import FEATURE_SHAPE, NUM_CLASSES, make_holdout, write_shard
 
+from pipelines.core.stages import StageContext
 from pipelines.errors import StageError
-from pipelines.modelstore import ModelStore
-from pipelines.rundir import RunDir, write_json
 from pipelines.spec import load_spec
-from pipelines.stages import StageContext
+from pipelines.stores.models import ModelStore
+from pipelines.stores.rundir import RunDir, write_json
 
 pytestmark = pytest.mark.trainer
 tf = pytest.importorskip("tensorflow")

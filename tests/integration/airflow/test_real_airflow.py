@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from pipelines.rundir import RunDir
+from pipelines.stores.rundir import RunDir
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from real_airflow import (  # noqa: E402 (the helper beside this file)

@@ -17,7 +17,7 @@ def write_run(run: Path, rows: int = 600, holdout: int = 200, seed: int = 0, mod
     import pyarrow as pa
 
     from pipelines.data.sample import make_table
-    from pipelines.rundir import write_json
+    from pipelines.stores.rundir import write_json
 
     (run / "preload").mkdir(parents=True, exist_ok=True)
     table = make_table(rows + holdout, seed=seed)

@@ -89,10 +89,10 @@ def test_a_plan_for_more_ranks_than_started_is_refused(tmp_path):
 
 
 def test_the_stage_runs_the_test_on_the_plans_fast_and_slow_devices(tmp_path):
+    from pipelines.core.stages import StageContext
     from pipelines.lr_search.stage import run as run_stage
-    from pipelines.rundir import RunDir
     from pipelines.spec import load_spec
-    from pipelines.stages import StageContext
+    from pipelines.stores.rundir import RunDir
 
     run = search_run(tmp_path / "run", [22, 10], devices=["fast", "slow"])
     spec = load_spec(str(run / "spec.json"))

@@ -13,9 +13,9 @@ from pathlib import Path
 
 from conftest import write_run
 
+from pipelines.core.stages import ps_command
 from pipelines.launch.local import Profile, free_ports, launch_ps
 from pipelines.launch.tfconfig import cluster_spec
-from pipelines.stages import ps_command
 
 FAST = Profile(device="fast", cpus=(1,), cpu_share=1.0)
 SLOW = Profile(device="slow", cpus=(0,), cpu_share=0.15, cpu_period_ms=20)

@@ -25,8 +25,8 @@ def cli(*args: str, timeout: float = 300) -> tuple[int, dict | None, str]:
 
 
 def test_a_tiny_sweep_on_the_slow_device_writes_measured_rows_and_fits(tmp_path):
-    from pipelines.profilebank import ProfileBank, device_key
     from pipelines.spec import load_pool
+    from pipelines.stores.profile_bank import ProfileBank, device_key
 
     pool = tmp_path / "pool.json"
     pool.write_text(json.dumps(POOL))
@@ -64,8 +64,8 @@ def test_profile_refuses_an_unknown_device_type_before_starting(tmp_path):
 
 
 def test_the_allreduce_probe_stores_the_pools_link(tmp_path):
-    from pipelines.profilebank import ProfileBank, pool_key
     from pipelines.spec import load_pool
+    from pipelines.stores.profile_bank import ProfileBank, pool_key
 
     pool = tmp_path / "pool.json"
     pool.write_text(json.dumps(POOL))

@@ -138,11 +138,11 @@ def calibration_command(
     min_seconds: float = CALIBRATION_SECONDS, python: str = "python", unless_banked: bool = False,
 ) -> list[str]:
     """The command that times the job's model on one device type, the same in a local calibration
-    process and in a calibration pod (``python -m pipelines.estimate.profile``).  ``unless_banked``:
+    process and in a calibration pod (``python -m pipelines.estimate.calibrate``).  ``unless_banked``:
     time nothing when the profile bank already has this model on this device type (a calibration
     pod under ``estimate.calibrate: auto``; the Airflow side does not read the bank)."""
     return [
-        python, "-m", "pipelines.estimate.profile",
+        python, "-m", "pipelines.estimate.calibrate",
         "--spec", str(spec_path), "--device", device, "--out", str(out), "--threads", str(threads),
         "--batches", ",".join(str(b) for b in batch_sizes), "--min-seconds", str(min_seconds),
         *(["--unless-banked"] if unless_banked else []),

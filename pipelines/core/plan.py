@@ -11,8 +11,8 @@ import math
 from pathlib import Path
 from typing import Any
 
-from pipelines.rundir import RunDir
 from pipelines.spec import JobSpec, PoolSpec, SpecError, read_mapping
+from pipelines.stores.rundir import RunDir
 
 PLAN_FILE = "plan.json"  # inside the estimate stage's folder
 STRATEGIES = ("horovod", "parameter_server")  # what a plan may say it is for (training.strategy, "auto" resolved)

@@ -5,7 +5,7 @@ Shared by the trainer (``pipelines.train``) and the distributed learning-rate ra
 (``pipelines.lr_search``), so the rate is searched with exactly the step that will train.
 
 Rank i multiplies its *summed* loss by :func:`step_weight`, ``(N * b_i / B) / b_i``: the factor of
-:func:`pipelines.balance.loss_weights` applied to its mean loss.  Horovod's plain average of the
+:func:`pipelines.sync.balance.loss_weights` applied to its mean loss.  Horovod's plain average of the
 ranks' gradients is then exactly the gradient of the mean loss over the global batch, and a rank
 whose slice of a short last step is empty (b_i = 0) contributes a defined zero.
 """
@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import NamedTuple
 
-from pipelines.balance import loss_weights
+from pipelines.sync.balance import loss_weights
 
 
 def step_weight(sizes: Sequence[int], rank: int) -> float:

@@ -1,7 +1,7 @@
 """Calibration: time real training steps and fit ``step_time(b) = fixed_s + per_sample_s · b``.
 
 A device type of a local pool is a CPU profile (cores + CFS quota).  Each one is calibrated in its
-own process, ``python -m pipelines.estimate.profile --spec ... --device NAME --out FILE.json``,
+own process, ``python -m pipelines.estimate.calibrate --spec ... --device NAME --out FILE.json``,
 which the parent places in that profile with :class:`pipelines.launch.cgroups.CpuLimiter` right
 after it starts (TensorFlow's import takes seconds, so the measurement always runs limited).  The
 child sets TensorFlow's thread pools from ``--threads`` before any op runs.
@@ -23,10 +23,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from pipelines.core.stages import CALIBRATION_BATCHES, CALIBRATION_SECONDS
 from pipelines.errors import StageError
 from pipelines.launch.rendezvous import ENV_THREADS
-from pipelines.rundir import write_json
-from pipelines.stages import CALIBRATION_BATCHES, CALIBRATION_SECONDS
+from pipelines.stores.rundir import write_json
 
 log = logging.getLogger(__name__)
 
@@ -88,7 +88,7 @@ def standalone_step(model: Any, optimizer: str) -> Any:
     ``tf.function(x, y) -> loss`` traced once for any batch: what calibration and the sweep time."""
     import tensorflow as tf
 
-    from pipelines.step import make_optimizer
+    from pipelines.sync.step import make_optimizer
 
     opt = make_optimizer(optimizer, 1e-3)
     loss_fn = tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True)
@@ -170,7 +170,7 @@ def calibrate(
 def model_key(spec: Any) -> str:
     """What a step-time profile depends on besides the device: the model (and its arguments), its
     input and output sizes and the optimizer.  A profile measured for another key is not reused."""
-    from pipelines.rundir import input_key
+    from pipelines.stores.rundir import input_key
 
     return input_key("profile/1", spec.model.model_dump(), spec.dataset.feature_shape,
                      spec.dataset.num_classes, spec.training.optimizer)
@@ -183,8 +183,8 @@ def banked_rows(spec: Any, device: str) -> int:
     from pipelines.errors import StageError
     from pipelines.estimate.features import model_features
     from pipelines.models import build_model
-    from pipelines.profilebank import ProfileBank, device_key, features_key
     from pipelines.spec import SpecError, load_pool
+    from pipelines.stores.profile_bank import ProfileBank, device_key, features_key
 
     model = build_model(spec.model.name, tuple(spec.dataset.feature_shape), spec.dataset.num_classes, spec.model.kwargs)
     key = features_key(model_features(model), spec.training.optimizer)
@@ -211,7 +211,7 @@ def calibration_command(
     spec_file: Path, device: str, out: Path, threads: int, batch_sizes: Sequence[int], min_seconds: float
 ) -> list[str]:
     """The command of one device type's calibration child: the one a calibration pod runs too."""
-    from pipelines.stages import calibration_command as command
+    from pipelines.core.stages import calibration_command as command
 
     return command(str(spec_file), device, str(out), threads, batch_sizes, min_seconds, python=sys.executable)
 
@@ -297,7 +297,7 @@ def calibrate_pool(
 def main(argv: list[str] | None = None) -> int:
     """CLI of the calibration child process."""
     parser = argparse.ArgumentParser(
-        prog="python -m pipelines.estimate.profile", description=__doc__.splitlines()[0]
+        prog="python -m pipelines.estimate.calibrate", description=__doc__.splitlines()[0]
     )
     parser.add_argument("--spec", required=True, help="job spec: YAML/JSON file or inline JSON")
     parser.add_argument("--device", required=True, help="device type name recorded in the profile")

@@ -6,7 +6,7 @@ profile bank (``pipelines.estimate.sweep``); ``fit-bank`` fits each device type'
 the bank; ``probe-allreduce`` measures a local pool's allreduce.  Each prints its result as one
 JSON line last and exits 2 on bad input, 3 on a failure a retry may fix
 (``pipelines.errors``).  The same command runs from a shell, in an Airflow task and in a pod, as
-the stages' commands do (:func:`pipelines.stages.stage_command`).
+the stages' commands do (:func:`pipelines.core.stages.stage_command`).
 
 Only the standard library and :mod:`pipelines.spec` are imported: the Airflow side imports this
 module while parsing the ``profile_pool`` DAG.

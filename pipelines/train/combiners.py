@@ -30,9 +30,9 @@ from collections.abc import Callable
 from typing import Any
 
 COMBINERS: dict[str, str] = {
-    "plain": "pipelines.combiners:plain",
-    "staleness_aware": "pipelines.combiners:staleness_aware",
-    "window_average": "pipelines.combiners:window_average",
+    "plain": "pipelines.train.combiners:plain",
+    "staleness_aware": "pipelines.train.combiners:staleness_aware",
+    "window_average": "pipelines.train.combiners:window_average",
 }
 
 

@@ -33,7 +33,7 @@ STEP_COLUMNS: dict[str, tuple[str, bool]] = {
     "device": ("string", True),  # device type name
     "device_key": ("string", True),  # what makes the device (launcher and its settings): see device_key()
     "model": ("string", True),
-    "model_key": ("string", True),  # pipelines.estimate.profile.model_key / features_key
+    "model_key": ("string", True),  # pipelines.estimate.calibrate.model_key / features_key
     "optimizer": ("string", True),
     "batch": ("int64", True),
     "step_s": ("float64", True),
@@ -94,7 +94,7 @@ def device_key(device: Any, launcher: str) -> str:
     """What a device type's measurements depend on besides its name: for ``local``, the cores,
     the quota and its period; for ``kubernetes``, the resources and placement.  Rows of the same
     name under another definition are another device."""
-    from pipelines.rundir import input_key
+    from pipelines.stores.rundir import input_key
 
     if launcher == "local":
         how = {"cpus": len(device.local.cpus), "cpu_share": device.local.cpu_share,
@@ -108,7 +108,7 @@ def features_key(features: dict[str, Any], optimizer: str) -> str:
     """A model's identity in the bank: its structure (the parts of
     ``pipelines.estimate.features.model_features`` that shape its step) and the optimizer, so runs
     of the same network under another name or spec still match."""
-    from pipelines.rundir import input_key
+    from pipelines.stores.rundir import input_key
 
     shape = {k: features[k] for k in ("params", "layers", "conv_filters", "dense_units", "input_size",
                                       "output_size", "flops_per_sample", "activation_bytes_per_sample")}
@@ -136,7 +136,7 @@ def bank_features(features: dict[str, Any]) -> dict[str, Any]:
 
 def pool_key(pool: Any, launcher: str) -> str:
     """A pool's identity for its allreduce and run records: its device types and counts."""
-    from pipelines.rundir import input_key
+    from pipelines.stores.rundir import input_key
 
     return input_key("pool/1", launcher, sorted((d.name, d.count, device_key(d, launcher)) for d in pool.device_types))
 
@@ -145,7 +145,7 @@ class ProfileBank:
     """The bank under one URI (see the module docstring)."""
 
     def __init__(self, uri: str):
-        from pipelines.modelstore import open_filesystem
+        from pipelines.stores.models import open_filesystem
 
         self.uri = str(uri).rstrip("/")
         self.fs, self.root, self.local = open_filesystem(self.uri, "estimate.profile_bank")

@@ -140,7 +140,7 @@ def record_run(bank_uri: str, estimate: dict[str, Any], summary: dict[str, Any],
     the ranks' steps of another strategy (a parameter-server run's workers do not wait in an
     allreduce) would teach the Horovod prediction wrong corrections and wrong step times, so such a
     run is left out, the bank untouched, with ``why_not`` saying so."""
-    from pipelines.profilebank import ProfileBank, bank_features, now
+    from pipelines.stores.profile_bank import ProfileBank, bank_features, now
 
     strategy = summary.get("strategy") or LEARNS_FROM
     if strategy != LEARNS_FROM:
