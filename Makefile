@@ -35,11 +35,15 @@ demo: setup data
 ## test: set-up, then the whole test suite (unit, DAG, integration) in both environments
 test: setup test-trainer test-airflow
 
+## TRAINER_TESTS / AIRFLOW_TESTS narrow a run, e.g. make test-airflow AIRFLOW_TESTS=tests/k8s/test_manifests.py
+TRAINER_TESTS ?= tests/unit tests/integration/trainer
+AIRFLOW_TESTS ?= tests/dags tests/k8s tests/cluster tests/integration/airflow
+
 test-trainer:
-	$(TVENV)/bin/python -m pytest -q -p no:cacheprovider tests/unit tests/integration/trainer
+	$(TVENV)/bin/python -m pytest -q -p no:cacheprovider $(TRAINER_TESTS)
 
 test-airflow:
-	$(VENV)/bin/python -m pytest -q -p no:cacheprovider tests/dags tests/k8s tests/cluster tests/integration/airflow
+	$(VENV)/bin/python -m pytest -q -p no:cacheprovider $(AIRFLOW_TESTS)
 
 lint: setup
 	$(VENV)/bin/ruff check .
