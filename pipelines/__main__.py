@@ -12,10 +12,17 @@ import json
 import logging
 import sys
 import time
+from pathlib import Path
 
 from pipelines.core.stages import ALIASES, STAGES, StageContext, canonical, resolve
+from pipelines.data.sample import generate
 from pipelines.errors import EXIT_BAD_INPUT, EXIT_FAILED, StageError, StageFailure
+from pipelines.estimate.probe import probe_pool
+from pipelines.estimate.reference import reference_runs
+from pipelines.estimate.regress import bank_report
+from pipelines.estimate.sweep import profile_device
 from pipelines.launch.lifetime import die_with_parent
+from pipelines.launch.render import render_cli
 from pipelines.spec import JobSpec, SpecError, load_pool, load_spec, pool_profiles_path, read_mapping
 from pipelines.stores.rundir import RunDir, write_json
 
@@ -142,24 +149,14 @@ def run_stage(args: argparse.Namespace) -> dict:
 
 
 def bank_command(args: argparse.Namespace) -> dict:
-    """``profile``, ``fit-bank`` and ``probe-allreduce``: the profile bank's commands."""
-    from pathlib import Path
-
+    """``profile``, ``fit-bank``, ``probe-allreduce`` and ``reference-runs``: the profile bank's commands."""
     bank = args.bank or str(Path(args.artifact_root) / "_profiles")
     if args.command == "profile":
-        from pipelines.estimate.sweep import profile_device
-
         return profile_device(args.pool, args.device, bank, args.size, source=args.source)
     if args.command == "reference-runs":
-        from pipelines.estimate.reference import reference_runs
-
         return reference_runs(args.pool, bank, args.workdir or str(Path(args.artifact_root) / "_reference"))
     if args.command == "probe-allreduce":
-        from pipelines.estimate.probe import probe_pool
-
         return probe_pool(args.pool, bank)
-    from pipelines.estimate.regress import bank_report
-
     report = bank_report(bank)
     if args.out:
         write_json(args.out, report)
@@ -176,14 +173,10 @@ def main(argv: list[str] | None = None) -> int:
     )
     try:
         if args.command == "generate-data":
-            from pipelines.data.sample import generate
-
             result = generate(args.out, rows_per_day=args.rows_per_day, days=args.days, start=args.start, seed=args.seed)
         elif args.command in ("profile", "fit-bank", "probe-allreduce", "reference-runs"):
             result = bank_command(args)
         elif args.command == "render":
-            from pipelines.launch.render import render_cli
-
             result = render_cli(args)
         else:
             result = run_stage(args)

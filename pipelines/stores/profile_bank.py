@@ -25,6 +25,8 @@ import uuid
 from typing import Any
 
 from pipelines.errors import StageError
+from pipelines.stores.models import open_filesystem
+from pipelines.stores.rundir import input_key
 
 # Column name -> (pyarrow type name, required).  Features are those of
 # pipelines.estimate.features.model_features; ``step_s`` is one whole training step
@@ -94,8 +96,6 @@ def device_key(device: Any, launcher: str) -> str:
     """What a device type's measurements depend on besides its name: for ``local``, the cores,
     the quota and its period; for ``kubernetes``, the resources and placement.  Rows of the same
     name under another definition are another device."""
-    from pipelines.stores.rundir import input_key
-
     if launcher == "local":
         how = {"cpus": len(device.local.cpus), "cpu_share": device.local.cpu_share,
                "period_ms": device.local.cpu_period_ms}
@@ -108,8 +108,6 @@ def features_key(features: dict[str, Any], optimizer: str) -> str:
     """A model's identity in the bank: its structure (the parts of
     ``pipelines.estimate.features.model_features`` that shape its step) and the optimizer, so runs
     of the same network under another name or spec still match."""
-    from pipelines.stores.rundir import input_key
-
     shape = {k: features[k] for k in ("params", "layers", "conv_filters", "dense_units", "input_size",
                                       "output_size", "flops_per_sample", "activation_bytes_per_sample")}
     return input_key("features/1", shape, optimizer)
@@ -136,8 +134,6 @@ def bank_features(features: dict[str, Any]) -> dict[str, Any]:
 
 def pool_key(pool: Any, launcher: str) -> str:
     """A pool's identity for its allreduce and run records: its device types and counts."""
-    from pipelines.stores.rundir import input_key
-
     return input_key("pool/1", launcher, sorted((d.name, d.count, device_key(d, launcher)) for d in pool.device_types))
 
 
@@ -145,8 +141,6 @@ class ProfileBank:
     """The bank under one URI (see the module docstring)."""
 
     def __init__(self, uri: str):
-        from pipelines.stores.models import open_filesystem
-
         self.uri = str(uri).rstrip("/")
         self.fs, self.root, self.local = open_filesystem(self.uri, "estimate.profile_bank")
 

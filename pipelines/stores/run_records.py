@@ -12,6 +12,8 @@ import json
 import math
 from typing import Any
 
+from pipelines.stores.profile_bank import ProfileBank, bank_features, now
+
 PARTS = ("startup", "calibration", "tracing", "steps", "checkpoints", "other")
 LEARNS_FROM = "horovod"  # the strategy whose runs' parts and per-rank steps the estimator learns from
 LEARN_FROM_RUNS = 10  # the latest runs of a pool whose errors correct the next prediction
@@ -140,8 +142,6 @@ def record_run(bank_uri: str, estimate: dict[str, Any], summary: dict[str, Any],
     the ranks' steps of another strategy (a parameter-server run's workers do not wait in an
     allreduce) would teach the Horovod prediction wrong corrections and wrong step times, so such a
     run is left out, the bank untouched, with ``why_not`` saying so."""
-    from pipelines.stores.profile_bank import ProfileBank, bank_features, now
-
     strategy = summary.get("strategy") or LEARNS_FROM
     if strategy != LEARNS_FROM:
         return {"recorded": False, "step_rows_added": 0, "parts": None, "earlier": [],
