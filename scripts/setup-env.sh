@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Build (or confirm up to date) one of the project's two environments.
-#   scripts/setup-env.sh airflow   -> .venv          (Airflow 3, cncf.kubernetes provider, dev tools)
+#   scripts/setup-env.sh airflow   -> .venv          (Airflow 3, cncf.kubernetes provider, dev tools;
+#                                                    PostgreSQL's server programs if missing)
 #   scripts/setup-env.sh trainer   -> .venv-trainer  (TensorFlow 2.15.1, Horovod 0.28.1 with Gloo)
 # An environment is rebuilt only when its stamp (a hash of its lock file, pyproject.toml and this
 # script) changes.  The Horovod wheel is cached outside the repository ($HETERO_CACHE, default
@@ -21,6 +22,11 @@ case "$which_env" in
   trainer) venv=.venv-trainer; lock=requirements/trainer.lock ;;
   *) echo "unknown environment '$which_env' (airflow|trainer)" >&2; exit 2 ;;
 esac
+
+# The real-Airflow tests run on PostgreSQL: its server programs where the machine has none.
+if [[ $which_env == airflow ]]; then
+  scripts/setup-postgres.sh
+fi
 
 stamp_value=$(cat "$lock" pyproject.toml "$0" | sha256sum | cut -c1-32)
 stamp_file=$venv/.hetero-stamp
