@@ -1,7 +1,7 @@
 """The checks made before anything is created, as the Airflow side runs them: the job spec, the
 pool, the plan against the pool, and the trigger form's Params (docs/ARCHITECTURE.md, "Failure
-rules").  The same rules are unit-tested in the trainer environment (tests/unit/test_spec.py,
-tests/unit/test_plan.py)."""
+rules").  The same rules are unit-tested in the trainer environment (tests/unit/spec/,
+tests/unit/core/test_plan.py)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
-"""The run carries its inputs: the stage command copies the pool (and its profiles override) into
-the run directory beside spec.json, from a file or from the inline documents the operators pass
-(pipelines.core.stages.run_inputs), and the saved spec names the copy."""
+"""The run carries its inputs: the stage command (pipelines.__main__) copies the pool (and its profiles
+override) into the run directory beside spec.json, from a file or from the inline documents the
+operators pass (pipelines.core.stages.run_inputs), and the saved spec names the copy."""
 
 from __future__ import annotations
 
@@ -15,7 +15,6 @@ from pipelines.core.stages import StageContext, run_inputs, stage_command
 from pipelines.spec import SpecError, load_pool, load_spec, pool_profiles_path
 from pipelines.stores.rundir import RunDir
 
-ROOT = Path(__file__).resolve().parents[2]
 POOL = {"device_types": [{"name": "fast", "count": 1, "memory_gb": 2, "power_watts": 10, "cost_per_hour": 1}]}
 PROFILES = {"fast": {"fixed_s": 0.01, "per_sample_s": 0.001}}
 
@@ -68,12 +67,6 @@ def test_the_saved_spec_reads_back_its_own_copies(tmp_path, pool_file):
     first = save_inputs(spec_with(str(pool_file)), rd)
     again = save_inputs(first, rd)  # a later stage run with the saved spec.json
     assert again == first and json.loads(pool_profiles_path(again.pool).read_text()) == PROFILES
-
-
-def test_a_relative_pool_is_read_under_the_base():
-    assert run_inputs("examples/pool-local.yaml", base=ROOT)["pool"] == yaml.safe_load(
-        (ROOT / "examples" / "pool-local.yaml").read_text()
-    )
 
 
 def test_a_bad_pool_fails_naming_it(tmp_path):
