@@ -10,6 +10,8 @@ from __future__ import annotations
 import datetime as dt
 from pathlib import Path
 
+from pipelines.stores.rundir import atomic_path
+
 CLASSES = (
     "horizontal_bar",
     "vertical_bar",
@@ -84,8 +86,6 @@ def make_table(rows: int, seed: int, id_offset: int = 0):
 def generate(out: str, rows_per_day: int = 2000, days: int = 3, start: str = "2026-01-01", seed: int = 0) -> dict:
     """Write ``out/dt=YYYY-MM-DD/part-0.parquet`` for ``days`` consecutive days."""
     import pyarrow.parquet as pq
-
-    from pipelines.stores.rundir import atomic_path
 
     if rows_per_day < 1 or days < 1:
         raise ValueError(f"rows_per_day ({rows_per_day}) and days ({days}) must be >= 1")

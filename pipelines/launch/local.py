@@ -20,6 +20,7 @@ import dataclasses
 import logging
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -28,7 +29,9 @@ import uuid
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
-from pipelines.errors import EXIT_FAILED
+from pipelines.core.plan import plan_strategy
+from pipelines.core.stages import ps_command, rank_command
+from pipelines.errors import EXIT_DIVERGED, EXIT_FAILED, NO_RETRY, StageError, StageFailure
 from pipelines.launch.cgroups import PERIOD_US, CpuLimiter, threads_for
 from pipelines.launch.lifetime import child_env, die_with_parent, stop_earlier_tries, try_env
 from pipelines.launch.rendezvous import (
@@ -39,6 +42,8 @@ from pipelines.launch.rendezvous import (
     local_slots,
     start_rendezvous,
 )
+from pipelines.launch.tfconfig import ENV, cluster_spec, tasks, tf_config
+from pipelines.spec import load_pool
 
 log = logging.getLogger("pipelines.launch")
 
@@ -67,8 +72,6 @@ class LaunchResult:
 
 def profiles_from_pool(pool_path: str, names: Sequence[str]) -> list[Profile]:
     """Profiles for the given device type names, read from a pool file."""
-    from pipelines.spec import load_pool
-
     pool = load_pool(pool_path)
     out = []
     for name in names:
@@ -81,8 +84,6 @@ def profiles_from_pool(pool_path: str, names: Sequence[str]) -> list[Profile]:
 def launch_plan(stage: str, spec, run_dir, ctx, plan: dict) -> LaunchResult:
     """The plan's ranks running ``stage``'s rank program (``pipelines.core.stages.rank_command``) on
     this machine, each with its device type's profile from the spec's pool (see :func:`this_try`)."""
-    from pipelines.core.stages import rank_command
-
     profiles = profiles_from_pool(spec.pool, [r["device"] for r in plan["ranks"]])
     job, env = this_try(stage, ctx)
     return launch(rank_command(str(run_dir), sys.executable, fresh=ctx.fresh, stage=stage), profiles, job=job, env=env)
@@ -105,9 +106,6 @@ def launch_ps_plan(stage: str, spec, run_dir, ctx, plan: dict) -> LaunchResult:
     """The plan's parameter-server job on this machine: a worker per plan rank, placed as its
     device type (cores and CPU quota, as a Horovod rank), the chief and
     ``training.parameter_servers`` servers unplaced; every task on a free port of 127.0.0.1."""
-    from pipelines.core.stages import ps_command
-    from pipelines.launch.tfconfig import cluster_spec
-
     workers = profiles_from_pool(spec.pool, [r["device"] for r in plan["ranks"]])
     num_ps = spec.training.parameter_servers
     ports = free_ports(1 + len(workers) + num_ps)
@@ -119,8 +117,6 @@ def launch_ps_plan(stage: str, spec, run_dir, ctx, plan: dict) -> LaunchResult:
 
 def free_ports(n: int) -> list[int]:
     """``n`` distinct TCP ports free on 127.0.0.1 now (held open together while choosing)."""
-    import socket
-
     socks = []
     try:
         for _ in range(n):
@@ -138,9 +134,6 @@ def run_stage_ranks(stage: str, what: str, spec, run_dir, ctx, plan: dict, store
     map a failure to the stage's error (:func:`raise_for_ranks`), and return rank 0's stored
     result (``stored()``, None when it left none for these inputs at ``where``) with what the
     launcher knows added: ``quota_enforced`` and ``launcher_seconds``."""
-    from pipelines.core.plan import plan_strategy
-    from pipelines.errors import StageError, StageFailure
-
     if spec.launcher != "local":
         raise StageError(f"the {stage} stage runs ranks locally; with launcher=kubernetes the HorovodJobOperator starts the pods")
     ps = stage == "train" and plan_strategy(spec, plan) == "parameter_server"
@@ -157,8 +150,6 @@ def raise_for_ranks(stage: str, result: LaunchResult) -> None:
     code: bad input (2) or a diverged loss (4) as :class:`StageError` (the stage exits 2: no
     retry), anything else (a crash, a signal, a time limit) as :class:`StageFailure` (exit 3:
     retried) (docs/ARCHITECTURE.md, "Failure rules")."""
-    from pipelines.errors import EXIT_DIVERGED, NO_RETRY, StageError, StageFailure
-
     if result.returncode == 0:
         return
     tail = "\n".join((result.tails.get(result.failed_rank) or [])[-10:]) if result.failed_rank is not None else ""
@@ -327,8 +318,6 @@ def _run_tasks(command: Sequence[str], placed: Sequence[tuple[int | str, dict[st
 def task_env(cluster: dict, role: str, index: int, base: dict[str, str] | None, profile: Profile | None) -> dict[str, str]:
     """The environment of one task of a parameter-server job: its ``TF_CONFIG`` and, for a
     worker, its device type's thread count (as a Horovod rank's)."""
-    from pipelines.launch.tfconfig import ENV, tf_config
-
     env = dict(os.environ if base is None else base)
     env[ENV] = tf_config(cluster, role, index)
     env.setdefault("PYTHONUNBUFFERED", "1")
@@ -358,8 +347,6 @@ def launch_ps(
     on without its variables), or when every worker has died.  A worker that dies is reported and
     the job goes on: the coordinator moves its update to another worker.  ``on_start(tasks,
     limiter)`` gets ``{"chief:0": proc, "worker:1": proc, ...}`` once all have started."""
-    from pipelines.launch.tfconfig import tasks
-
     order = sorted(tasks(cluster), key=lambda t: t[0] == "chief")  # servers first, the chief last
     placed = [
         (f"{role}:{i}", task_env(cluster, role, i, env, workers[i] if role == "worker" else None),

@@ -28,6 +28,9 @@ import os
 from collections.abc import Iterator
 from typing import Any
 
+from pipelines.launch import rendezvous
+from pipelines.launch.lifetime import die_with_parent
+
 log = logging.getLogger("pipelines.train")
 
 ENV_POLICY = "HETERO_HOROVOD_THREADS"
@@ -75,8 +78,6 @@ def init_horovod(hvd, policy: str | None = None) -> list[int]:
 def start_rank() -> str:
     """A rank program's first lines: end with the launcher (under the local launcher), log with
     the rank in every line; returns the rank (``HOROVOD_RANK``, before Horovod starts)."""
-    from pipelines.launch.lifetime import die_with_parent
-
     die_with_parent()
     rank = os.environ.get("HOROVOD_RANK", "0")
     logging.basicConfig(level=logging.INFO, format=f"%(asctime)s %(levelname)s rank{rank}: %(message)s")
@@ -97,18 +98,16 @@ def configure_threads() -> None:
 def horovod_job() -> Iterator[Any]:
     """Join the job and yield ``horovod.tensorflow``; on Kubernetes rank 0 hosts the Gloo
     rendezvous for as long as the block runs."""
-    from pipelines.launch.rendezvous import maybe_host_rendezvous
-
-    rendezvous = maybe_host_rendezvous()
+    host = rendezvous.maybe_host_rendezvous()
     try:
         configure_threads()
-        import horovod.tensorflow as hvd
+        import horovod.tensorflow as hvd  # starts TensorFlow: only a rank that trains imports it
 
         init_horovod(hvd)  # joins the Gloo rendezvous (blocks until every rank has arrived)
         yield hvd
     finally:
-        if rendezvous is not None:
-            rendezvous.shutdown()
+        if host is not None:
+            host.shutdown()
 
 
 def print_result(result: dict) -> None:

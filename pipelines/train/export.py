@@ -6,12 +6,12 @@ from __future__ import annotations
 import os
 from collections.abc import Sequence
 
+from pipelines.stores.rundir import atomic_path
+
 
 def export_saved_model(model, shape: Sequence[int], mean: float, std: float, target: str | os.PathLike) -> None:
     """Write the SavedModel to ``target`` atomically (a killed export leaves no half model)."""
-    import tensorflow as tf
-
-    from pipelines.stores.rundir import atomic_path
+    import tensorflow as tf  # takes seconds to load: imported where it is used
 
     class Serving(tf.Module):
         def __init__(self):
@@ -30,8 +30,6 @@ def export_saved_model(model, shape: Sequence[int], mean: float, std: float, tar
 def save_weights(model, target: str | os.PathLike) -> None:
     """The model's weights as a Keras ``.weights.h5`` file, atomically: a warm start loads them
     into a model of the same architecture (``pipelines.train.warm``)."""
-    from pipelines.stores.rundir import atomic_path
-
     with atomic_path(target) as tmp:
         model.save_weights(str(tmp) + ".weights.h5")
         os.replace(str(tmp) + ".weights.h5", tmp)

@@ -13,7 +13,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from pipelines.core.plan import load_plan, plan_path
+from pipelines.data.reader import open_split
+from pipelines.launch.cgroups import cpu_quota_cores, own_cpu_group
+from pipelines.spec import SpecError, load_spec
 from pipelines.stores.rundir import RunDir
+from pipelines.sync.balance import scaled_learning_rate, split_proportional
 
 NO_CAP = 1 << 30  # a rank's memory cap when the plan gives none
 
@@ -57,9 +62,6 @@ class TrainJob:
 
 def load_job(args: argparse.Namespace, size: int) -> TrainJob:
     """The job of a rank started with ``args`` in a job of ``size`` ranks."""
-    from pipelines.data.reader import open_split
-    from pipelines.spec import load_spec
-
     spec = load_spec(args.spec)
     run_dir = RunDir(args.run_dir)
     out = Path(args.out) if args.out else run_dir.root / "train"
@@ -85,9 +87,6 @@ def load_job(args: argparse.Namespace, size: int) -> TrainJob:
 
 def read_plan(plan: str | None, run_dir: RunDir) -> dict | None:
     """``--plan`` (which must exist), else ``<run-dir>/estimate/plan.json``, else None (equal batches)."""
-    from pipelines.core.plan import load_plan, plan_path
-    from pipelines.spec import SpecError
-
     if plan:
         path = Path(plan)
     else:
@@ -106,8 +105,6 @@ def place(plan: dict | None, size: int, global_batch: int | None, spec_global_ba
     B is ``global_batch`` (``--global-batch``), else the plan's, else the spec's (64 per rank when
     it is ``auto``).  The plan's batches are used when they sum to B, else B is split equally.
     """
-    from pipelines.sync.balance import split_proportional
-
     ranks = plan["ranks"] if plan else None
     if ranks is not None and len(ranks) != size:
         raise TrainingError(f"the plan has {len(ranks)} ranks but {size} were started")
@@ -130,8 +127,6 @@ def place(plan: dict | None, size: int, global_batch: int | None, spec_global_ba
 
 def base_learning_rate(training: Any, run_dir: RunDir, global_batch: int) -> float:
     """The spec's rate, or lr_search's when it is ``auto``, scaled linearly to ``global_batch``."""
-    from pipelines.sync.balance import scaled_learning_rate
-
     lr = training.learning_rate
     if isinstance(lr, float | int) and not isinstance(lr, bool):
         return scaled_learning_rate(float(lr), training.reference_batch, global_batch)
@@ -147,8 +142,6 @@ def cpu_quota_reader() -> Callable[[], float | None]:
     """A function returning this rank's CPU quota in cores (None: no limit known).
 
     It reads the cgroup at every call, since a quota may change during the run."""
-    from pipelines.launch.cgroups import cpu_quota_cores, own_cpu_group
-
     group = own_cpu_group()  # this rank's cgroup (local) or its container's (pod)
     if group is not None:
         return lambda: cpu_quota_cores(group)

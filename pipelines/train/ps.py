@@ -12,46 +12,32 @@ job, with the task's role in ``TF_CONFIG`` (``pipelines.launch.tfconfig``)::
   worker is free (so faster workers do more updates), writes checkpoints, events, the SavedModel
   and the result, which it prints as its last line, as rank 0 of the Horovod trainer does.
 
-Exit codes as the Horovod trainer's (``pipelines.errors``), and 3 when a parameter server is lost:
-the retry resumes from the last checkpoint.
+The command line, the stored result and the exit codes are the Horovod trainer's
+(``pipelines.train.command``), with 3 when a parameter server is lost: the retry resumes from the
+last checkpoint.  The cluster as a task sees it is ``pipelines.train.ps_cluster``; the chief's
+work ``pipelines.train.ps_chief``, its summary's parameter-server parts ``ps_summary`` and the
+servers' state and update ``ps_server``.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import sys
 
-from pipelines.errors import EXIT_BAD_INPUT, EXIT_FAILED
+from pipelines.errors import EXIT_BAD_INPUT
+from pipelines.launch.lifetime import die_with_parent
+from pipelines.train.command import parse_args, train_once
 from pipelines.train.job import TrainingError
+from pipelines.train.ps_chief import Chief
+from pipelines.train.ps_cluster import task_of
 
 log = logging.getLogger("pipelines.train")
 
 
-class ParameterServerLost(RuntimeError):
-    """A parameter server stopped answering: its variables are gone, the task fails (exit 3) and
-    its retry resumes from the last checkpoint."""
-
-
-def task_of(environ: dict[str, str] | None = None) -> tuple[str, int, dict]:
-    """This process's role, index and cluster, from ``TF_CONFIG``."""
-    from pipelines.launch.tfconfig import ENV
-
-    text = (environ if environ is not None else os.environ).get(ENV)
-    if not text:
-        raise TrainingError(f"{ENV} is not set: this program runs as one task of a parameter-server job")
-    try:
-        config = json.loads(text)
-        task = config["task"]
-        return str(task["type"]), int(task.get("index", 0)), dict(config["cluster"])
-    except (ValueError, KeyError, TypeError) as e:
-        raise TrainingError(f"{ENV} is not a TensorFlow cluster configuration: {e}") from None
-
-
 def serve(role: str, index: int) -> int:
     """A worker's or a parameter server's life: a TensorFlow server until the task is stopped."""
-    import tensorflow as tf
+    import tensorflow as tf  # takes seconds to load: imported where it is used
 
     resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
     config = tf.compat.v1.ConfigProto()
@@ -67,9 +53,6 @@ def serve(role: str, index: int) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from pipelines.launch.lifetime import die_with_parent
-    from pipelines.train.trainer import parse_args
-
     die_with_parent()
     try:
         role, index, _ = task_of()
@@ -91,27 +74,9 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def chief(args) -> int:
-    """The chief's work: train (or find the stored result) and print the result; the exit code."""
-    from pipelines.sync.horovod_job import print_result
-    from pipelines.train.result import completed
-    from pipelines.train.trainer import failed, out_dir, result_key
-
-    try:
-        key = result_key(args)
-        done = None if args.fresh else completed(out_dir(args), key)
-        if done is not None:
-            log.info("already trained for these inputs (input key %s); returning the stored result", key)
-        else:
-            from pipelines.train.ps_chief import Chief
-
-            done = Chief(args, key).fit()
-    except TrainingError as e:
-        return failed(e)
-    except ParameterServerLost as e:
-        log.error("%s", e)
-        return EXIT_FAILED
-    print_result(done)
-    return 0
+    """The chief's work: train (or find the stored result) and print the result; the exit code
+    (pipelines.train.command.train_once)."""
+    return train_once(args, lambda key: Chief(args, key).fit(), prints=True)
 
 
 if __name__ == "__main__":

@@ -13,15 +13,29 @@ mean once.  A checkpoint waits for the updates in flight, so it holds every upda
 from __future__ import annotations
 
 import collections
+import dataclasses
 import json
 import logging
 import math
-import socket
 import time
-from dataclasses import dataclass, field
 
-from pipelines.train.job import DivergedError, TrainingError
-from pipelines.train.ps import ParameterServerLost, task_of
+from pipelines.data.reader import epoch_permutation
+from pipelines.models import build_model
+from pipelines.sync.balance import compute_shares, scaled_learning_rate, scheduled_lr
+from pipelines.train.checkpoints import Checkpoints
+from pipelines.train.combiners import check_combine, resolve_combiner
+from pipelines.train.job import DivergedError, TrainingError, load_job
+from pipelines.train.ps_cluster import (
+    ParameterServerLost,
+    strategy,
+    task_of,
+    unreachable_servers,
+    wait_for_tasks,
+)
+from pipelines.train.ps_server import MOMENTUM, RECORD, Server, build_update
+from pipelines.train.ps_summary import Tally, parameter_server_section, worker_figures
+from pipelines.train.result import PARAMETER_SERVER, RunFigures, RunSummary
+from pipelines.train.training_run import TrainingRun
 
 log = logging.getLogger("pipelines.train")
 
@@ -30,7 +44,7 @@ MAX_TRANSIENT = 100  # updates lost on the way (with a worker) before the task g
 UPDATES_FILE = "updates.jsonl"
 
 
-@dataclass
+@dataclasses.dataclass
 class Pending:
     """An update scheduled and not yet collected."""
 
@@ -38,67 +52,28 @@ class Pending:
     rows: object  # the row indices it trains on (trained again when refused)
 
 
-@dataclass
-class Tally:
-    """Per worker: updates, admitted, refused, samples, staleness and time, for the summary."""
-
-    updates: list[int]
-    admitted: list[int]
-    samples: list[float]
-    staleness_sum: list[int]
-    staleness_max: list[int]
-    compute_s: list[float]
-    wait_s: list[float]
-    last_t: list[float]
-    histogram: list[int] = field(default_factory=list)
-
-    @classmethod
-    def of(cls, n: int) -> Tally:
-        return cls(updates=[0] * n, admitted=[0] * n, samples=[0.0] * n, staleness_sum=[0] * n,
-                   staleness_max=[0] * n, compute_s=[0.0] * n, wait_s=[0.0] * n, last_t=[-1.0] * n)
-
-    def add(self, r: dict, t: float) -> None:
-        w, tau = int(r["worker"]), int(r["staleness"])
-        self.updates[w] += 1
-        self.compute_s[w] += float(r["compute_s"])
-        self.wait_s[w] += float(r["wait_s"])
-        self.last_t[w] = t
-        if bool(r["admitted"]):
-            self.admitted[w] += 1
-            self.samples[w] += float(r["samples"])
-            self.staleness_sum[w] += tau
-            self.staleness_max[w] = max(self.staleness_max[w], tau)
-            self.histogram.extend([0] * (tau + 1 - len(self.histogram)))
-            self.histogram[tau] += 1
-
-
-class Chief:
+class Chief(TrainingRun):
     """The coordinator: the strategy, the model on the servers, the update, the loop."""
 
     def __init__(self, args, key: str):
-        import tensorflow as tf
+        import tensorflow as tf  # takes seconds to load: a chief that finds a stored result never does
 
-        from pipelines.models import build_model
-        from pipelines.train.checkpoints import Checkpoints
-        from pipelines.train.combiners import check_combine, resolve_combiner
-        from pipelines.train.job import load_job
-        from pipelines.train.ps_server import Server, build_update
-
-        self.args, self.key, self.tf = args, key, tf
+        self.tf = tf
         _, _, cluster = task_of()
         self.cluster, self.workers = cluster, len(cluster.get("worker", []))
-        self.job = job = load_job(args, self.workers)
+        super().__init__(args, key, load_job(args, self.workers), writes=True)  # the chief alone writes
+        job = self.job
         t = self.t = job.spec.training
         self.mode = t.update_mode
         self.batch = max(1, job.placement.global_batch // self.workers)  # every update's batch
         wait_for_tasks(cluster)
-        self.strategy = strategy = _strategy(tf, len(cluster.get("ps", [])))
-        self.coordinator = tf.distribute.experimental.coordinator.ClusterCoordinator(strategy)
+        self.strategy = strategy(tf, len(cluster.get("ps", [])))
+        self.coordinator = tf.distribute.experimental.coordinator.ClusterCoordinator(self.strategy)
         tf.keras.utils.set_random_seed(t.seed)
-        with strategy.scope():
+        with self.strategy.scope():
             self.model = build_model(job.spec.model.name, job.shape, job.spec.dataset.num_classes, job.spec.model.kwargs)
         self.momentum = server_momentum(t, self.workers)
-        self.server = server = Server(strategy, self.model, t.optimizer, self.momentum)
+        self.server = server = Server(self.strategy, self.model, t.optimizer, self.momentum)
         options = {"window": t.combine_window, "max_staleness": t.max_staleness}
         try:
             self.combine = check_combine(t.combiner, resolve_combiner(t.combiner)(server, options))
@@ -109,29 +84,23 @@ class Chief:
         state = tf.train.Checkpoint(**server.trackables())
         self.checkpoints = Checkpoints(job.out / "checkpoints", self.model, state, [self.batch] * self.workers)
         self.tally = Tally.of(self.workers)
+        self.updates_file = job.out / UPDATES_FILE
         self.records: list[dict] = []  # updates not yet written to the update log
-        self.history: list[dict] = []
         self.window: list[dict] = []  # the current window's update records
         self.step = 0  # admitted updates (async, bounded) or rounds (sync): the schedule's step
         self.started = self.window_t0 = time.perf_counter()
-        self.timings = {"startup_s": 0.0, "calibration_s": 0.0}
-        self.events = None
-        self.last = (math.nan, math.nan)
-        self.warm_started_from: str | None = None
         self.transients = 0  # updates that failed on the way and were scheduled again
         self.transient_errors = (tf.errors.UnavailableError, tf.errors.CancelledError, tf.errors.AbortedError)
 
     # ------------------------------------------------------------------------------ the loop
 
     def fit(self) -> dict:
-        from pipelines.data.reader import epoch_permutation
-        from pipelines.sync.balance import scaled_learning_rate
-        from pipelines.train.events import EventWriter
-
+        """Resume or start (warm); schedule every epoch's updates; save, export, summarise.
+        Returns the stage result (pipelines.train.result)."""
         job, ckpt, t = self.job, self.checkpoints, self.t
         began = time.time()
         resumed_from = self.resume()
-        self.events = EventWriter(job.out / "events", self.workers)
+        self.open_events(self.workers)
         n = len(job.y)
         per_epoch = math.ceil(n / self.batch) if self.mode != "sync" else math.ceil(n / (self.batch * self.workers))
         self.total_steps, self.warmup = job.epochs * per_epoch, int(round(t.warmup_epochs * per_epoch))
@@ -146,11 +115,14 @@ class Chief:
                 if self.run_epoch(epoch, order, int(ckpt.pos.numpy())):
                     break  # --max-steps reached
                 ckpt.mark(epoch + 1, 0)
-                self.save()
+                self.save(self.step)
                 log.info("epoch %d done: loss %.4f accuracy %.4f step %d", epoch, *self.last, self.step)
         except self.tf.errors.UnavailableError as e:
             raise self.lost(e) from None
-        return self.finish(resumed_from or 0, time.time() - began)
+        train_s = time.time() - began
+        self.end_window()
+        self.save(self.step)
+        return self.finish(self.step, resumed_from or 0, train_s, self.local_model())
 
     def run_epoch(self, epoch: int, order, pos: int) -> bool:
         """Schedule the epoch's batches from row ``pos`` on; True when ``--max-steps`` was reached."""
@@ -173,15 +145,13 @@ class Chief:
             if self.step >= next_save:
                 self.settle(flight)
                 self.checkpoints.mark(epoch, pos)
-                self.save()
+                self.save(self.step)
                 next_save = (self.step // every + 1) * every
         self.settle(flight)
         return False
 
     def schedule(self, rows) -> Pending:
         """One update of ``rows`` at the schedule's current rate, to the next free worker."""
-        from pipelines.sync.balance import scheduled_lr
-
         tf, job = self.tf, self.job
         x = job.x[rows].reshape((-1, *job.shape))
         y = job.y[rows]
@@ -197,8 +167,6 @@ class Chief:
     def collect(self, pending: Pending, flight: collections.deque) -> None:
         """Wait for one update and record it; a refused one, or one lost with its worker, is
         scheduled again (same rows)."""
-        from pipelines.train.ps_server import RECORD
-
         try:
             r = dict(zip(RECORD, pending.value.fetch().tolist(), strict=True))
         except self.transient_errors as e:
@@ -214,7 +182,7 @@ class Chief:
         while every parameter server answers (its rows are trained again); otherwise the task
         fails (:meth:`lost`).  More than :data:`MAX_TRANSIENT` such failures fail it too."""
         self.transients += 1
-        if self.transients > MAX_TRANSIENT or self.unreachable_servers():
+        if self.transients > MAX_TRANSIENT or unreachable_servers(self.cluster):
             raise self.lost(error)
         log.warning("an update failed (%s: %s); its rows are scheduled again", type(error).__name__,
                     (str(error).splitlines() or [""])[0])
@@ -226,8 +194,6 @@ class Chief:
 
     def sync_round(self, order, pos: int) -> int:
         """One round: an update per worker on the next rows, then the round's mean applied once."""
-        from pipelines.sync.balance import scheduled_lr
-
         flight: collections.deque[Pending] = collections.deque()
         for _ in range(self.workers):
             if pos >= len(order):
@@ -266,8 +232,6 @@ class Chief:
 
     def end_window(self) -> None:
         """The window's record (the Horovod trainer's keys, per worker) into history and events."""
-        from pipelines.sync.balance import compute_shares, scheduled_lr
-
         rows, now = self.window, time.perf_counter()
         if not rows:
             return
@@ -301,7 +265,7 @@ class Chief:
         """Append the updates collected since the last flush to the update log."""
         if not self.records:
             return
-        with open(self.job.out / UPDATES_FILE, "a") as f:
+        with open(self.updates_file, "a") as f:
             for row in self.records:
                 f.write(json.dumps(row) + "\n")
         self.records = []
@@ -309,30 +273,26 @@ class Chief:
     # ------------------------------------------------------------------------------ state
 
     def resume(self) -> int | None:
-        """Restore the newest checkpoint into the servers' variables; its step, or None."""
-        ckpt = self.checkpoints
-        if not ckpt.restore():
-            (self.job.out / UPDATES_FILE).unlink(missing_ok=True)  # training from the start: a new log
-            if self.t.warm_start:
-                from pipelines.train.warm import warm_start
+        """Restore the newest checkpoint into the servers' variables (TrainingRun.resume); when
+        there is none, a new update log and, with ``training.warm_start``, the promoted weights."""
+        step = super().resume()
+        if step is None:
+            self.updates_file.unlink(missing_ok=True)  # training from the start: a new log
+            self.warm_start()
+        else:
+            self.step = step
+        return step
 
-                self.warm_started_from = warm_start(self.model, self.job.spec, self.job.out / "warm-start")
-            return None
-        self.step = int(ckpt.step.numpy())
-        log.info("resumed from %s at step %d (epoch %d)", ckpt.manager.latest_checkpoint, self.step, int(ckpt.epoch.numpy()))
-        return self.step
-
-    def save(self) -> None:
-        """A checkpoint at the current step (every update before it is in it), the update log
-        so far, and the weights' histograms."""
-        self.checkpoints.step.assign(self.step)
-        self.checkpoints.save(self.step)
+    def save(self, step: int) -> None:
+        """A checkpoint at ``step`` (every update before it is in it) and the weights' histograms
+        (TrainingRun.save), and the update log so far."""
+        self.checkpoints.step.assign(step)
+        super().save(step)
         self.flush_records()
-        self.events.histograms(self.step, self.model.trainable_variables)
 
     def lost(self, error) -> ParameterServerLost:
         """The error for a parameter server that stopped answering, naming the unreachable ones."""
-        gone = self.unreachable_servers()
+        gone = unreachable_servers(self.cluster)
         cause = f"{type(error).__name__}: {(str(error).splitlines() or [''])[0]}"
         resume = f"the retry resumes from the last checkpoint ({self.checkpoints.manager.latest_checkpoint or 'none: from the start'})"
         if not gone:  # every server still answers: a connection failed on the way
@@ -341,91 +301,30 @@ class Chief:
         return ParameterServerLost(f"parameter server lost: {', '.join(gone)} does not answer ({cause}); the variables "
                                    f"it held are gone, so the task fails; {resume}")
 
-    def unreachable_servers(self) -> list[str]:
-        """The parameter servers that no longer accept connections, as ``ps:<i> (<address>)``."""
-        return [f"ps:{i} ({a})" for i, a in enumerate(self.cluster.get("ps", [])) if not reachable(a)]
-
     # ------------------------------------------------------------------------------ the end
-
-    def finish(self, resumed_from: int, train_s: float) -> dict:
-        """The last checkpoint, the SavedModel and weights (from a local copy of the model), the
-        events, summary.json and, last, result.json; returns the stage result."""
-        from pipelines.stores.rundir import write_json
-        from pipelines.train.export import export_saved_model, save_weights
-        from pipelines.train.result import result_path, stage_result
-        from pipelines.train.warm import WEIGHTS
-
-        job = self.job
-        self.end_window()
-        self.save()
-        local = self.local_model()
-        export_saved_model(local, job.shape, job.mean, job.std, job.out / "saved_model")
-        save_weights(local, job.out / WEIGHTS)
-        self.events.flush()
-        summary = self.summary(resumed_from, train_s)
-        result = stage_result(summary, self.key, job.run_dir)
-        write_json(job.out / "summary.json", summary)
-        write_json(result_path(job.out), result)  # last: its presence means the stage is done
-        log.info("training done in %.1fs: %s", train_s, {k: summary[k] for k in ("samples_per_sec", "final_loss", "updates")})
-        return result
 
     def local_model(self):
         """The trained model as an ordinary (unsharded) Keras model on the chief, read back from
         the last checkpoint (a sharded variable is saved whole, so any number of servers fits)."""
-        from pipelines.models import build_model
-
         job = self.job
         local = build_model(job.spec.model.name, job.shape, job.spec.dataset.num_classes, job.spec.model.kwargs)
         self.tf.train.Checkpoint(model=local).restore(self.checkpoints.manager.latest_checkpoint).expect_partial()
         return local
 
-    def summary(self, resumed_from: int, train_s: float) -> dict:
-        """The Horovod trainer's summary keys (``ranks`` are the workers) and the parameter server's."""
-        from pipelines.train.ps_summary import ps_summary
+    def figures(self) -> RunFigures:
+        """The workers as the run's ranks (pipelines.train.ps_summary.worker_figures)."""
+        return worker_figures(self.tally, self.job.placement.devices, self.batch, self.history)
 
-        return ps_summary(self, resumed_from, train_s)
+    def summary(self, step: int, resumed_from: int, train_s: float) -> RunSummary:
+        """The Horovod trainer's summary (TrainingRun.summary) with the parameter server's parts."""
+        return dataclasses.replace(super().summary(step, resumed_from, train_s), strategy=PARAMETER_SERVER,
+                                   updates=sum(self.tally.updates), parameter_server=parameter_server_section(self))
 
 
 def server_momentum(training, workers: int) -> float:
     """The servers' SGD momentum: 0.9, as Horovod mode's, in sync mode or with one worker (so one
     worker trains exactly as one Horovod rank); ``training.async_momentum`` in async and bounded
     modes.  (Taking off the momentum asynchrony adds, 1 - 1/N, was measured and lost accuracy.)"""
-    from pipelines.train.ps_server import MOMENTUM
-
     if training.update_mode == "sync" or workers <= 1:
         return MOMENTUM
     return float(training.async_momentum)
-
-
-def wait_for_tasks(cluster: dict, timeout_s: float = 600.0) -> None:
-    """Wait until every worker's and parameter server's server accepts connections.  Connecting
-    the coordinator before a slow task is up stalls it in gRPC's reconnect back-off for minutes;
-    a task that never comes up fails the job (a retry may place it), naming it."""
-    waiting = {f"{role}:{i}": a for role in ("worker", "ps") for i, a in enumerate(cluster.get(role, []))}
-    deadline = time.time() + timeout_s
-    while waiting:
-        waiting = {name: a for name, a in waiting.items() if not reachable(a, timeout=0.5)}
-        if waiting and time.time() > deadline:
-            raise ParameterServerLost(f"tasks {sorted(waiting)} did not start serving within {timeout_s:.0f}s: "
-                                      f"{', '.join(waiting.values())}")
-        if waiting:
-            time.sleep(0.2)
-
-
-def reachable(address: str, timeout: float = 1.0) -> bool:
-    """Whether a task's ``host:port`` accepts a TCP connection (its server is alive)."""
-    host, _, port = address.rpartition(":")
-    try:
-        with socket.create_connection((host, int(port)), timeout=timeout):
-            return True
-    except OSError:
-        return False
-
-
-def _strategy(tf, num_ps: int):
-    """``ParameterServerStrategy`` from ``TF_CONFIG``, the variables sharded over ``num_ps`` servers."""
-    if num_ps < 1:
-        raise TrainingError("TF_CONFIG has no ps task: a parameter-server job needs at least one")
-    resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
-    partitioner = tf.distribute.experimental.partitioners.FixedShardsPartitioner(num_ps) if num_ps > 1 else None
-    return tf.distribute.experimental.ParameterServerStrategy(resolver, variable_partitioner=partitioner)

@@ -1,111 +1,127 @@
-"""The summary of a parameter-server run: the Horovod trainer's keys, with the workers as its
-``ranks``, and a ``parameter_server`` section (per worker updates, staleness, the staleness
-histogram, lost workers) (docs/ARCHITECTURE.md, "Parameter-server training").
+"""What the parameter-server chief counts, and what its run summary says beyond the Horovod
+trainer's: the workers as the summary's ``ranks`` and a ``parameter_server`` section (per worker
+updates, staleness, the staleness histogram, lost workers) (docs/ARCHITECTURE.md,
+"Parameter-server training").
 
-No TensorFlow: it reads the chief's tallies and history.
+No TensorFlow: it reads the chief's tallies and window records.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
+from pipelines.train.ps_cluster import reachable
+from pipelines.train.result import RunFigures
 
-def worker_rows(chief: Any, devices: list[str], steady_s: float) -> list[dict]:
+
+@dataclasses.dataclass
+class Tally:
+    """Per worker: updates, admitted, refused, samples, staleness and time, for the summary."""
+
+    updates: list[int]
+    admitted: list[int]
+    samples: list[float]
+    staleness_sum: list[int]
+    staleness_max: list[int]
+    compute_s: list[float]
+    wait_s: list[float]
+    last_t: list[float]
+    histogram: list[int] = dataclasses.field(default_factory=list)
+
+    @classmethod
+    def of(cls, n: int) -> Tally:
+        return cls(updates=[0] * n, admitted=[0] * n, samples=[0.0] * n, staleness_sum=[0] * n,
+                   staleness_max=[0] * n, compute_s=[0.0] * n, wait_s=[0.0] * n, last_t=[-1.0] * n)
+
+    def add(self, r: dict, t: float) -> None:
+        w, tau = int(r["worker"]), int(r["staleness"])
+        self.updates[w] += 1
+        self.compute_s[w] += float(r["compute_s"])
+        self.wait_s[w] += float(r["wait_s"])
+        self.last_t[w] = t
+        if bool(r["admitted"]):
+            self.admitted[w] += 1
+            self.samples[w] += float(r["samples"])
+            self.staleness_sum[w] += tau
+            self.staleness_max[w] = max(self.staleness_max[w], tau)
+            self.histogram.extend([0] * (tau + 1 - len(self.histogram)))
+            self.histogram[tau] += 1
+
+
+def worker_rows(tally: Tally, devices: list[str], batch: int, loop_s: float) -> list[dict]:
     """Per worker, in the keys of the Horovod summary's ``ranks`` (compute, wait, share of the loop)."""
-    tally = chief.tally
     rows = []
-    for w in range(chief.workers):
+    for w, device in enumerate(devices):
         compute = tally.compute_s[w]
         rows.append({
             "rank": w,
-            "device": devices[w],
-            "batch": chief.batch,
+            "device": device,
+            "batch": batch,
             "samples_per_sec": tally.samples[w] / max(compute, 1e-9),
             "compute_s": compute,
             "wait_s": tally.wait_s[w],
             "input_wait_s": 0.0,
-            "other_s": max(0.0, steady_s - compute - tally.wait_s[w]),
-            "balance_efficiency": min(1.0, compute / max(steady_s, 1e-9)),
+            "other_s": max(0.0, loop_s - compute - tally.wait_s[w]),
+            "balance_efficiency": min(1.0, compute / max(loop_s, 1e-9)),
             "updates": tally.updates[w],
         })
     return rows
 
 
-def lost_workers(chief: Any, reachable) -> list[dict]:
+def worker_figures(tally: Tally, devices: list[str], batch: int, history: list[dict]) -> RunFigures:
+    """The run's figures with the workers as its ranks; no input waits (the chief feeds them)."""
+    loop_s = sum(h["seconds"] for h in history)
+    steady = history[1:] or history
+    ranks = worker_rows(tally, devices, batch, loop_s)
+    return RunFigures(
+        ranks=ranks,
+        loop_seconds=loop_s,
+        samples_per_sec=sum(tally.samples) / max(loop_s, 1e-9),
+        input_wait_fraction=0.0,
+        steady_seconds=sum(h["seconds"] for h in steady),
+        balance_efficiency=sum(r["compute_s"] for r in ranks) / max(len(ranks) * loop_s, 1e-9),
+    )
+
+
+def lost_workers(addresses: list[str], devices: list[str], tally: Tally) -> list[dict]:
     """Workers whose server no longer answers at the end of training."""
-    addresses = chief.cluster.get("worker", [])
-    devices = chief.job.placement.devices
     return [
-        {"worker": w, "device": devices[w], "address": a, "last_update_s": round(chief.tally.last_t[w], 3)}
+        {"worker": w, "device": devices[w], "address": a, "last_update_s": round(tally.last_t[w], 3)}
         for w, a in enumerate(addresses)
         if not reachable(a)
     ]
 
 
-def ps_summary(chief: Any, resumed_from: int, train_s: float) -> dict:
-    from pipelines.train.ps_chief import reachable
-
+def parameter_server_section(chief: Any) -> dict[str, Any]:
+    """The summary's ``parameter_server`` section, from the chief (pipelines.train.ps_chief.Chief)."""
     job, tally, t = chief.job, chief.tally, chief.t
-    history = chief.history
-    loop_s = sum(h["seconds"] for h in history)
-    steady = history[1:] or history
-    steady_s = sum(h["seconds"] for h in steady)
-    samples = sum(tally.samples)
-    ranks = worker_rows(chief, job.placement.devices, loop_s)
-    lost = lost_workers(chief, reachable)
-    total_compute = sum(r["compute_s"] for r in ranks)
+    devices = job.placement.devices
     return {
-        "strategy": "parameter_server",
-        "global_batch": job.placement.global_batch,
-        "ranks": ranks,
-        "rebalance_events": [],
-        "epochs": job.epochs,
-        "steps": chief.step,
-        "updates": sum(tally.updates),
-        "final_loss": chief.last[0],
-        "final_train_accuracy": chief.last[1],
-        "train_seconds": train_s,
-        "timings": dict(chief.timings),
-        "loop_seconds": loop_s,
-        "samples_per_sec": samples / max(loop_s, 1e-9),
-        "input_wait_fraction": 0.0,
-        "steady_seconds": steady_s,
-        "balance_efficiency": total_compute / max(len(ranks) * loop_s, 1e-9),
-        "learning_rate": job.base_lr,
-        "saved_model": str(job.out / "saved_model"),
-        "events_dir": str(job.out / "events"),
-        "checkpoint_dir": str(chief.checkpoints.directory),
-        "checkpoint_saves": chief.checkpoints.saves[-200:],
-        "checkpoint_seconds": sum(c["seconds"] for c in chief.checkpoints.saves),
-        "resumed_from_step": resumed_from,
-        "warm_started_from": chief.warm_started_from,
-        "parameter_server": {
-            "update_mode": chief.mode,
-            "combiner": t.combiner,
-            "max_staleness": t.max_staleness,
-            "parameter_servers": len(chief.cluster.get("ps", [])),
-            "momentum": chief.momentum if chief.t.optimizer == "sgd" else None,
-            "update_batch": chief.batch,
-            "parameter_version": int(chief.server.version.numpy()),
-            "workers": [
-                {
-                    "worker": w,
-                    "device": job.placement.devices[w],
-                    "updates": tally.updates[w],
-                    "applied": tally.admitted[w],
-                    "dropped": tally.updates[w] - tally.admitted[w],
-                    "samples": tally.samples[w],
-                    "mean_staleness": tally.staleness_sum[w] / max(1, tally.admitted[w]),
-                    "max_staleness": tally.staleness_max[w],
-                }
-                for w in range(chief.workers)
-            ],
-            "staleness_histogram": list(tally.histogram),
-            "max_staleness_seen": len(tally.histogram) - 1 if tally.histogram else 0,
-            "dropped_updates": sum(tally.updates) - sum(tally.admitted),
-            "lost_workers": lost,
-            "rescheduled_updates": chief.transients,  # lost on the way with a worker, trained again
-            "updates_file": str(job.out / "updates.jsonl"),
-        },
-        "history": history[-200:],
+        "update_mode": chief.mode,
+        "combiner": t.combiner,
+        "max_staleness": t.max_staleness,
+        "parameter_servers": len(chief.cluster.get("ps", [])),
+        "momentum": chief.momentum if t.optimizer == "sgd" else None,
+        "update_batch": chief.batch,
+        "parameter_version": int(chief.server.version.numpy()),
+        "workers": [
+            {
+                "worker": w,
+                "device": devices[w],
+                "updates": tally.updates[w],
+                "applied": tally.admitted[w],
+                "dropped": tally.updates[w] - tally.admitted[w],
+                "samples": tally.samples[w],
+                "mean_staleness": tally.staleness_sum[w] / max(1, tally.admitted[w]),
+                "max_staleness": tally.staleness_max[w],
+            }
+            for w in range(chief.workers)
+        ],
+        "staleness_histogram": list(tally.histogram),
+        "max_staleness_seen": len(tally.histogram) - 1 if tally.histogram else 0,
+        "dropped_updates": sum(tally.updates) - sum(tally.admitted),
+        "lost_workers": lost_workers(chief.cluster.get("worker", []), devices, tally),
+        "rescheduled_updates": chief.transients,  # lost on the way with a worker, trained again
+        "updates_file": str(chief.updates_file),
     }

@@ -12,6 +12,7 @@ import logging
 
 from pipelines.core.plan import run_plan
 from pipelines.core.stages import StageContext
+from pipelines.launch.local import run_stage_ranks
 from pipelines.spec import JobSpec, load_pool
 from pipelines.stores.rundir import RunDir
 from pipelines.train.result import STAGE, completed, train_input_key
@@ -20,8 +21,6 @@ log = logging.getLogger(__name__)
 
 
 def run(spec: JobSpec, run_dir: RunDir, ctx: StageContext) -> dict:
-    from pipelines.launch.local import run_stage_ranks
-
     plan = run_plan(run_dir, pool=load_pool(spec.pool))  # no more ranks of a type than the pool has
     key = train_input_key(spec, run_dir, plan)
     out = run_dir.root / STAGE

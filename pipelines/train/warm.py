@@ -2,7 +2,8 @@
 (``training.warm_start``; docs/ARCHITECTURE.md, "Model versions and promotion").
 
 Only when a run starts afresh: a retry resumes from its own checkpoint.  With no promoted version
-yet (the first run of a schedule) training starts from a fresh initialisation and says so.
+yet (the first run of a schedule) training starts from a fresh initialisation and says so.  The
+promoted version is part of the training's input key (``pipelines.train.result.promoted_version``).
 """
 
 from __future__ import annotations
@@ -11,29 +12,16 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from pipelines.stores.models import WEIGHTS  # in the train folder and in every published version
+from pipelines.stores.models import WEIGHTS, ModelStore  # WEIGHTS: in train/ and every published version
 from pipelines.train.job import TrainingError
 
 log = logging.getLogger("pipelines.train")
-
-
-def promoted_version(spec: Any) -> str | None:
-    """The promoted version's name when ``training.warm_start`` is on and there is one, else None
-    (part of the training's input key: a newly promoted model is a new starting point)."""
-    if not spec.training.warm_start:
-        return None
-    from pipelines.stores.models import ModelStore
-
-    promoted = ModelStore(spec.model_store_uri()).promoted(spec.model_store_name())
-    return promoted["version"] if promoted else None
 
 
 def warm_start(model: Any, spec: Any, scratch: Path) -> str | None:
     """Load the promoted version's weights into ``model``; returns the version, or None when there
     is none to start from.  A version of another architecture is a :class:`TrainingError` naming
     it and the model."""
-    from pipelines.stores.models import ModelStore
-
     store, name = ModelStore(spec.model_store_uri()), spec.model_store_name()
     promoted = store.promoted(name)
     if promoted is None:

@@ -14,10 +14,13 @@ allreduce wait, and each rank's compute, allreduce wait, input wait and other ti
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+
+import numpy as np
 
 from pipelines.sync.balance import StepSlice, balance_efficiency, compute_shares, epoch_steps
 from pipelines.sync.step import step_weight
+from pipelines.train.result import RunFigures
 
 # The columns of ``figs``: the order of Window.figures().
 FIGURES = ("compute_s", "wait_s", "input_s", "samples", "seconds", "rate", "loop_s")
@@ -86,18 +89,6 @@ def window_record(step: int, epoch: int, figs, batches: Sequence[int], window: W
     }
 
 
-@dataclass
-class RunFigures:
-    """The whole run's speed and balance, summed over the window records."""
-
-    ranks: list[dict] = field(default_factory=list)  # per rank over the steady loop: device, batch, speed, times
-    loop_seconds: float = 0.0  # every window
-    samples_per_sec: float = 0.0  # over every window
-    input_wait_fraction: float = 0.0  # of the steady loop
-    steady_seconds: float = 0.0  # the windows after the first, which also traced the graph
-    balance_efficiency: float = 0.0  # sum(compute_i) / (N * steady_seconds)
-
-
 def run_figures(history: Sequence[dict], devices: Sequence[str], batches: Sequence[int]) -> RunFigures:
     """The run's figures from its window records.
 
@@ -108,8 +99,6 @@ def run_figures(history: Sequence[dict], devices: Sequence[str], batches: Sequen
     mean of those shares, :func:`pipelines.sync.balance.balance_efficiency`, and the largest share any
     rank waited for its input.
     """
-    import numpy as np
-
     if not history:
         return RunFigures()
     steady = history[1:] or history

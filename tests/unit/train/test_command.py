@@ -1,6 +1,6 @@
-"""The trainer's side of the train result (pipelines.train.result): every rank returns a result of
-the same inputs without joining the rendezvous, rank 0 printing it as its last line; the result is
-the summary less its long lists, with the input key."""
+"""The training programs' command (pipelines.train.command), run by the Horovod trainer's main:
+every rank returns a result of the same inputs without joining the rendezvous, rank 0 printing it
+as its last line; other inputs train again; bad inputs stop the rank with exit code 2."""
 
 from __future__ import annotations
 
@@ -9,8 +9,10 @@ import json
 import pytest
 
 import pipelines.launch.rendezvous as rendezvous
+from pipelines.core.plan import run_plan
+from pipelines.spec import load_spec
 from pipelines.stores.rundir import RunDir, write_json
-from pipelines.train import trainer
+from pipelines.train import command, trainer
 from pipelines.train.result import completed, stage_result, train_input_key
 
 
@@ -39,15 +41,10 @@ def argv(rd: RunDir, *extra: str) -> list[str]:
 
 def store(rd: RunDir, *extra: str) -> dict:
     """A finished run's result, as rank 0 stores it, for the inputs the ranks of ``extra`` see."""
-    key = trainer.result_key(trainer.parse_args(argv(rd, *extra)))
+    key = command.result_key(command.parse_args(argv(rd, *extra)))
     result = stage_result({"steps": 12, "final_loss": 0.4, "history": [{}], "checkpoint_saves": [{}]}, key, rd)
     write_json(rd.root / "train" / "result.json", result)
     return result
-
-
-def test_the_result_is_the_summary_less_its_lists_with_the_input_key(run):
-    result = stage_result({"steps": 12, "history": [{"step": 10}], "checkpoint_saves": [{"step": 12}]}, "k1", run)
-    assert result == {"steps": 12, "input_key": "k1", "stage": "train", "run_dir": str(run)}
 
 
 def test_every_rank_returns_a_stored_result_without_joining_the_rendezvous(run, monkeypatch, capsys):
@@ -75,9 +72,6 @@ def test_other_inputs_or_fresh_train_again(run, monkeypatch):
 def test_the_trainer_and_the_stage_compute_one_key(run):
     """The local stage's key (train_input_key over the spec it was given) is the ranks' key over
     the spec the stage saved, so either finds the other's result."""
-    from pipelines.core.plan import run_plan
-    from pipelines.spec import load_spec
-
     spec = load_spec(str(run.root / "spec.json"))
     stored = store(run)
     assert completed(run.root / "train", train_input_key(spec, run, run_plan(run))) == stored

@@ -1,5 +1,5 @@
-"""What rank 0 writes besides checkpoints: TensorBoard events per window, weight histograms at
-checkpoint times, and the SavedModel."""
+"""What rank 0 writes in TensorBoard events (pipelines.train.events): scalars per window, weight
+and activation histograms at checkpoint times."""
 
 from __future__ import annotations
 
@@ -8,7 +8,6 @@ import pytest
 
 from pipelines.analyze.events import read_histograms, read_scalars
 from pipelines.train.events import EventWriter, weight_tags, write_histogram
-from pipelines.train.export import export_saved_model
 
 pytestmark = pytest.mark.trainer
 
@@ -97,24 +96,6 @@ def test_weight_tags_name_layer_and_variable_once_each():
                                                       "weights/bias"]
 
 
-def test_checkpoint_saves_write_histograms_on_rank_0_only(tmp_path):
-    from types import SimpleNamespace
-
-    from pipelines.train.trainer import Trainer
-
-    saved, model = [], tiny_model()
-    checkpoints = SimpleNamespace(save=saved.append)
-    rank0 = SimpleNamespace(checkpoints=checkpoints, model=model, events=EventWriter(tmp_path / "r0", size=2),
-                            probe=np.zeros((4, 5), np.float32))
-    Trainer.save(rank0, 7)
-    Trainer.save(SimpleNamespace(checkpoints=checkpoints, model=model, events=None, probe=None), 9)
-    assert saved == [7, 9]
-    assert {tag: [p[0] for p in points] for tag, points in read_histograms(tmp_path).items()} == {
-        **{tag: [7] for tag, _ in weight_tags(model.trainable_variables)},
-        **{f"activations/{layer.name}": [7] for layer in model.layers},
-    }
-
-
 def test_activation_histograms_count_every_output_of_the_fixed_batch(tmp_path):
     model = tiny_model()
     writer = EventWriter(tmp_path, size=1)
@@ -139,21 +120,6 @@ def test_activation_histograms_count_every_output_of_the_fixed_batch(tmp_path):
 
     writer.activations(4, Subclassed(), x)
     assert [p[0] for p in read_histograms(tmp_path)["activations/hidden"]] == [3]
-
-
-def test_saved_model_normalises_raw_features(tmp_path):
-    import tensorflow as tf
-
-    from pipelines.models import build_model
-
-    model = build_model("tiny_mlp", (4, 4, 1), 10)
-    x = np.random.default_rng(0).normal(size=(3, 4, 4, 1)).astype(np.float32)
-    export_saved_model(model, (4, 4, 1), 0.5, 2.0, tmp_path / "saved_model")
-    export_saved_model(model, (4, 4, 1), 0.5, 2.0, tmp_path / "saved_model")  # replaces it whole
-    loaded = tf.saved_model.load(str(tmp_path / "saved_model"))
-    np.testing.assert_allclose(loaded.serve(tf.constant(x)).numpy(), model((x - 0.5) / 2.0).numpy(), rtol=1e-5)
-    assert list(loaded.signatures) == ["serving_default"]
-    assert [p.name for p in tmp_path.iterdir()] == ["saved_model"]  # no temporary left behind
 
 
 def test_histograms_of_a_diverging_model_leave_out_non_finite_values(tmp_path):

@@ -15,10 +15,11 @@ from pipelines.core.stages import StageContext, rank_command
 from pipelines.errors import StageError
 from pipelines.spec import load_spec
 from pipelines.stores.rundir import RunDir, write_json
-from pipelines.train import stage, trainer
+from pipelines.train import command as cli
+from pipelines.train import stage
 from pipelines.train.result import stage_result, train_input_key
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 @pytest.fixture
@@ -34,16 +35,16 @@ def run_dir(tmp_path) -> RunDir:
 def fake_launch(calls: list, returncode: int = 0):
     """Stands in for the local launcher: records what it was asked to start and, like rank 0 of
     a finished job, writes ``train/summary.json`` and then ``train/result.json`` under the key the
-    trainer computes from its own command line (pipelines.train.trainer.result_key)."""
+    trainer computes from its own command line (pipelines.train.command.result_key)."""
 
     def launch(command, profiles, job, env=None):
         calls.append((command, profiles, job))
-        args = trainer.parse_args(command[command.index("pipelines.train.trainer") + 1 :])
+        args = cli.parse_args(command[command.index("pipelines.train.trainer") + 1 :])
         if returncode == 0:
             summary = {"steps": 10, "history": [{}], "checkpoint_saves": []}
-            out = Path(trainer.out_dir(args))
+            out = Path(cli.out_dir(args))
             write_json(out / "summary.json", summary)
-            write_json(out / "result.json", stage_result(summary, trainer.result_key(args), RunDir(args.run_dir)))
+            write_json(out / "result.json", stage_result(summary, cli.result_key(args), RunDir(args.run_dir)))
         return local.LaunchResult(returncode, 1 if returncode else None, {}, 1.5, True, f"rank 1 exited {returncode}" if returncode else "")
 
     return launch

@@ -80,10 +80,11 @@ def test_works_without_privileges():
     from pathlib import Path
 
     folder = Path(tempfile.mkdtemp(prefix="hetero-comm-"))  # pytest's own tmp folders are root-only
-    shutil.copy(comm.__file__, folder / "comm.py")
+    package = Path(comm.__file__).resolve().parents[1]  # pipelines/: the module and what it imports
+    shutil.copytree(package, folder / "pipelines", ignore=shutil.ignore_patterns("__pycache__"))
     (folder / "check.py").write_text(
         "import os, sys, threading\n"
-        "import comm\n"
+        "from pipelines.sync import horovod_job as comm\n"
         "stop = threading.Event()\n"
         "class Hvd:\n"
         "    def init(self):\n"
@@ -93,7 +94,7 @@ def test_works_without_privileges():
         "ok = changed and all(os.sched_getscheduler(t) == os.SCHED_IDLE for t in changed)\n"
         "print(os.geteuid(), len(changed), 'ok' if ok else 'not-idle')\n"
     )
-    for f in (folder, *folder.iterdir()):
+    for f in (folder, *folder.rglob("*")):
         f.chmod(0o755)
     out = subprocess.run([SYSTEM_PYTHON, str(folder / "check.py")], cwd=folder, user=65534, group=65534,
                          extra_groups=[], capture_output=True, text=True, timeout=60, check=False)

@@ -16,7 +16,7 @@ from pipelines.errors import DataError, StageError
 
 pytestmark = pytest.mark.trainer
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 W = 6  # feature width of the small shards
 
 
