@@ -129,7 +129,7 @@ def write_shards(folder: Path, shards: int, rows: int = SHARD_ROWS, width: int =
     import numpy as np
     import pyarrow as pa
 
-    from pipelines.preload.stage import DEFAULT_BATCH_BYTES
+    from pipelines.preload.convert import DEFAULT_BATCH_BYTES
 
     per_batch = DEFAULT_BATCH_BYTES // (4 * width + 8)
     x = np.random.default_rng(0).random((per_batch, width), dtype=np.float32)
