@@ -11,7 +11,7 @@ A combiner is named in the spec (``training.combiner``): one of :data:`COMBINERS
             return changed                 # a bool tensor: did the parameters change?
         return combine
 
-``server`` (``pipelines.train.ps.server.Server``) holds the parameters (``server.variables``) and
+``server`` (``pipelines.train.ps_server.Server``) holds the parameters (``server.variables``) and
 applies the job's optimizer with ``server.apply(gradients, learning_rate)``; ``server.accumulator()``
 makes a sample-weighted running sum of updates.  ``update`` has ``gradients`` (aligned with
 ``server.variables``), ``learning_rate`` (the scheduled rate of this update), ``staleness`` (how
