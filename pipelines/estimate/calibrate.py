@@ -24,9 +24,16 @@ from pathlib import Path
 from typing import Any
 
 from pipelines.core.stages import CALIBRATION_BATCHES, CALIBRATION_SECONDS
+from pipelines.core.stages import calibration_command as child_command
 from pipelines.errors import StageError
+from pipelines.estimate.features import model_features
+from pipelines.launch.cgroups import CpuLimiter, threads_for
 from pipelines.launch.rendezvous import ENV_THREADS
-from pipelines.stores.rundir import write_json
+from pipelines.models import build_model
+from pipelines.spec import SpecError, load_pool, load_spec
+from pipelines.stores.profile_bank import ProfileBank, device_key, features_key
+from pipelines.stores.rundir import input_key, write_json
+from pipelines.sync.step import make_optimizer
 
 log = logging.getLogger(__name__)
 
@@ -86,9 +93,7 @@ def fit_step_time(batches: list[int], step_s: list[float]) -> dict[str, float]:
 def standalone_step(model: Any, optimizer: str) -> Any:
     """One whole training step of ``model`` alone (forward, backward, the optimizer's apply) as a
     ``tf.function(x, y) -> loss`` traced once for any batch: what calibration and the sweep time."""
-    import tensorflow as tf
-
-    from pipelines.sync.step import make_optimizer
+    import tensorflow as tf  # here, not above: the estimate stage imports this module without needing it
 
     opt = make_optimizer(optimizer, 1e-3)
     loss_fn = tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True)
@@ -123,7 +128,7 @@ def time_train_steps(
     (±0.1 s of CPU / (share · window), about ±12% for a 0.4 share and a 0.8 s window).
     """
     import numpy as np
-    import tensorflow as tf
+    import tensorflow as tf  # here, not above: the estimate stage imports this module without needing it
 
     num_classes = int(model.output_shape[-1])
     step = standalone_step(model, optimizer)
@@ -150,8 +155,6 @@ def calibrate(
     min_seconds: float = DEFAULT_SECONDS,
 ) -> dict[str, Any]:
     """Build the job's model, time training steps at ``batch_sizes`` and fit the step-time model."""
-    from pipelines.models import build_model
-
     model = build_model(
         spec.model.name, tuple(spec.dataset.feature_shape), spec.dataset.num_classes, spec.model.kwargs
     )
@@ -170,8 +173,6 @@ def calibrate(
 def model_key(spec: Any) -> str:
     """What a step-time profile depends on besides the device: the model (and its arguments), its
     input and output sizes and the optimizer.  A profile measured for another key is not reused."""
-    from pipelines.stores.rundir import input_key
-
     return input_key("profile/1", spec.model.model_dump(), spec.dataset.feature_shape,
                      spec.dataset.num_classes, spec.training.optimizer)
 
@@ -180,12 +181,6 @@ def banked_rows(spec: Any, device: str) -> int:
     """How many rows the job's profile bank has of the job's model on ``device`` (its type in the
     spec's pool, under the spec's launcher); 0 when the bank or the pool cannot be read (then
     calibrate)."""
-    from pipelines.errors import StageError
-    from pipelines.estimate.features import model_features
-    from pipelines.models import build_model
-    from pipelines.spec import SpecError, load_pool
-    from pipelines.stores.profile_bank import ProfileBank, device_key, features_key
-
     model = build_model(spec.model.name, tuple(spec.dataset.feature_shape), spec.dataset.num_classes, spec.model.kwargs)
     key = features_key(model_features(model), spec.training.optimizer)
     try:
@@ -197,11 +192,11 @@ def banked_rows(spec: Any, device: str) -> int:
     return sum(1 for r in rows if r["model_key"] == key and r["device_key"] == dkey)
 
 
-def _set_threads(threads: int | None) -> None:
+def set_threads(threads: int | None) -> None:
     """Set TensorFlow's pools (must run before TensorFlow executes anything)."""
     if not threads:
         return
-    import tensorflow as tf
+    import tensorflow as tf  # here, not above: the estimate stage imports this module without needing it
 
     tf.config.threading.set_intra_op_parallelism_threads(int(threads))
     tf.config.threading.set_inter_op_parallelism_threads(1)
@@ -211,9 +206,7 @@ def calibration_command(
     spec_file: Path, device: str, out: Path, threads: int, batch_sizes: Sequence[int], min_seconds: float
 ) -> list[str]:
     """The command of one device type's calibration child: the one a calibration pod runs too."""
-    from pipelines.core.stages import calibration_command as command
-
-    return command(str(spec_file), device, str(out), threads, batch_sizes, min_seconds, python=sys.executable)
+    return child_command(str(spec_file), device, str(out), threads, batch_sizes, min_seconds, python=sys.executable)
 
 
 def run_placed(cmd: list[str], env: dict[str, str], device: Any, limiter: Any, timeout_s: float,
@@ -261,8 +254,6 @@ def calibrate_pool(
     Each profile gets ``quota_enforced`` (False where cgroups could not be written: the device then
     ran at full speed, pinned only), ``cpu_share``, ``cpus`` and ``threads``.
     """
-    from pipelines.launch.cgroups import CpuLimiter, threads_for
-
     workdir = Path(workdir)
     workdir.mkdir(parents=True, exist_ok=True)
     spec_file = write_json(workdir / "calibration-spec.json", json.loads(spec.to_json()))
@@ -324,9 +315,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    from pipelines.spec import load_spec
-
-    _set_threads(args.threads)
+    set_threads(args.threads)
     spec = load_spec(args.spec)
     if args.unless_banked and (known := banked_rows(spec, args.device)):
         log.info("the profile bank has %d measurement(s) of this model on %s: nothing to time", known, args.device)

@@ -18,21 +18,19 @@ A type with no row in the bank is an error naming it and the command that profil
 from __future__ import annotations
 
 import statistics
+from pathlib import Path
 from typing import Any
 
 from pipelines.errors import StageError
 from pipelines.estimate.calibrate import MEMORY_HEADROOM, fit_step_time, max_batch, optimizer_slots
 from pipelines.estimate.regress import fit_device
+from pipelines.spec import pool_profiles_path
 from pipelines.stores.profile_bank import bank_features, device_key
 
 MIN_OWN_ROWS_FOR_FIT = 2  # distinct batches of the job's own model that replace the prediction
 
 
 def missing_message(names: list[str], pool_path: str, bank: str, launcher: str) -> str:
-    from pathlib import Path
-
-    from pipelines.spec import pool_profiles_path
-
     how = (f"run `python -m pipelines profile --pool {pool_path} --device {names[0]} --bank {bank}` for each"
            if launcher == "local" else
            f"run this stage through the DAG with estimate.calibrate 'auto' or 'always' (the task starts one calibration "

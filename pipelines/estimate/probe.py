@@ -15,7 +15,12 @@ import sys
 import time
 from typing import Any
 
+from pipelines.core.stages import last_json_object
 from pipelines.errors import StageError
+from pipelines.launch.local import launch, profiles_from_pool
+from pipelines.spec import load_pool
+from pipelines.stores.profile_bank import ProfileBank, now, pool_key
+from pipelines.sync.horovod_job import horovod_job, print_result, start_rank
 
 SIZES_BYTES = (4 << 10, 256 << 10, 2 << 20, 8 << 20)
 REPEATS = 12
@@ -36,11 +41,9 @@ def fit_link(ranks: int, sizes: list[int], seconds: list[float]) -> dict[str, fl
 
 def rank_main() -> int:
     """One rank of the probe: time ``REPEATS`` allreduces of each size; rank 0 prints the fit."""
-    from pipelines.sync.horovod_job import horovod_job, print_result, start_rank
-
     start_rank()
     with horovod_job() as hvd:
-        import tensorflow as tf
+        import tensorflow as tf  # here, not above: the estimate stage imports this module without needing it
 
         @tf.function  # in a graph, as the training step reduces its gradients
         def reduce(x):
@@ -66,11 +69,6 @@ def rank_main() -> int:
 
 def probe_pool(pool_source: str, bank_uri: str, timeout_s: float = 300.0) -> dict[str, Any]:
     """Measure a local pool's allreduce and store it in the bank; returns what was stored."""
-    from pipelines.core.stages import last_json_object
-    from pipelines.launch.local import launch, profiles_from_pool
-    from pipelines.spec import load_pool
-    from pipelines.stores.profile_bank import ProfileBank, now, pool_key
-
     pool = load_pool(pool_source)
     names = [d.name for d in pool.device_types for _ in range(d.count)][:MAX_RANKS]
     profiles = profiles_from_pool(pool_source, names)

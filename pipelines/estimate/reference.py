@@ -21,7 +21,9 @@ from pathlib import Path
 from typing import Any
 
 from pipelines.core.stages import last_json_object
+from pipelines.data.sample import generate
 from pipelines.errors import StageError
+from pipelines.launch.lifetime import ENV_PARENT
 
 # Models of their own (not in the sweep's family), on the generated 28x28x1 shapes, with the
 # global batch each trains at.
@@ -37,8 +39,6 @@ def run_pipeline(spec: dict[str, Any], run_dir: Path, *, run_id: str, dag_id: st
     """Run ``stages`` of the pipeline with ``spec`` into ``run_dir``, one ``python -m pipelines``
     process each, as the DAG's tasks do; returns each stage's result.  A failed stage raises
     StageError with its last lines."""
-    from pipelines.launch.lifetime import ENV_PARENT
-
     results: dict[str, dict[str, Any]] = {}
     # The stages end with this process (not with whoever started it, which they would wrongly think dead).
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", ENV_PARENT: str(os.getpid())}
@@ -74,8 +74,6 @@ def reference_runs(pool: str, bank: str, workdir: str | os.PathLike, *, rows_per
     predicted and actual training time.  Each run calibrates its model as a user's first run does
     (``estimate.calibrate: auto``), so what it teaches is what synchronous training adds to the
     devices' own step times."""
-    from pipelines.data.sample import generate
-
     root = Path(workdir)
     data = root / "data"
     if not data.is_dir():

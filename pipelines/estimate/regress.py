@@ -22,7 +22,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from pipelines.stores.profile_bank import BankError
+from pipelines.stores.profile_bank import BankError, ProfileBank
 
 # name -> (per-model features, per-sample features); an intercept is always included.
 STEP_LAWS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
@@ -176,8 +176,6 @@ def fit_bank(rows: list[dict[str, Any]], kinds: tuple[str, ...] = ("sweep", "cal
 def bank_report(uri: str) -> dict[str, Any]:
     """What ``python -m pipelines fit-bank`` prints: per device type, its rows and chosen laws with
     their cross-validated errors (a BankError when the bank is empty or bad)."""
-    from pipelines.stores.profile_bank import ProfileBank
-
     bank = ProfileBank(uri)
     fits = fit_bank(bank.steps())
     out: dict[str, Any] = {}

@@ -35,9 +35,15 @@ from typing import Any
 from pipelines.core.stages import StageContext
 from pipelines.errors import StageError
 from pipelines.estimate.calibrate import calibrate_pool, optimizer_slots
+from pipelines.estimate.calibrate import model_key as calibration_key
 from pipelines.estimate.features import model_features
 from pipelines.estimate.planner import PSConfig, plan
+from pipelines.estimate.predict import bank_profiles
+from pipelines.estimate.probe import probe_pool
+from pipelines.estimate.runtime import DEFAULT_LINK, learned_corrections, pick_strategy, predict_parts
+from pipelines.models import build_model
 from pipelines.spec import JobSpec, PoolSpec, load_pool, pool_profiles_path
+from pipelines.stores.profile_bank import ProfileBank, bank_features, device_key, features_key, now, pool_key
 from pipelines.stores.rundir import RunDir, input_key, write_json
 
 log = logging.getLogger(__name__)
@@ -110,8 +116,6 @@ def _input_key(spec: JobSpec, pool: PoolSpec, side_profiles: Path, preload: dict
 
 def _features(spec: JobSpec) -> dict[str, Any]:
     """The job's model, built, described by :func:`model_features` (plus its ``name``)."""
-    from pipelines.models import build_model
-
     model = build_model(
         spec.model.name, tuple(spec.dataset.feature_shape), spec.dataset.num_classes, spec.model.kwargs
     )
@@ -124,9 +128,7 @@ def pod_profiles(spec: JobSpec, pool: PoolSpec, folder: Path) -> dict[str, dict[
     """The profiles the calibration pods wrote into ``folder`` for this job's model, or None when
     none did; a pod that found the model already in the profile bank (``in_bank``) measured
     nothing and adds no profile.  A StageError names the device types whose profile is missing."""
-    from pipelines.estimate.calibrate import model_key
-
-    key = model_key(spec)
+    key = calibration_key(spec)
     found, banked = {}, []
     for dev in pool.device_types:
         path = folder / f"profile-{dev.name}.json"
@@ -163,8 +165,6 @@ def measured_profiles(spec: JobSpec, pool: PoolSpec, side_profiles: Path, out_di
 def calibration_rows(measured: dict[str, dict[str, Any]], pool: PoolSpec, spec: JobSpec, features: dict[str, Any],
                      model_key: str, source: str) -> list[dict[str, Any]]:
     """Bank rows of this run's measurements (a profiles file's affine fit counts at two batches)."""
-    from pipelines.stores.profile_bank import bank_features, device_key, now
-
     rows = []
     base = {"model": spec.model.name, "model_key": model_key, "optimizer": spec.training.optimizer,
             **bank_features(features), "kind": "calibration", "source": source, "recorded_at": now(),
@@ -184,8 +184,6 @@ def calibration_rows(measured: dict[str, dict[str, Any]], pool: PoolSpec, spec: 
 
 def to_calibrate(spec: JobSpec, pool: PoolSpec, rows: list[dict[str, Any]], model_key: str) -> list[str]:
     """The device types ``estimate.calibrate`` times this model on (see the module docstring)."""
-    from pipelines.stores.profile_bank import device_key
-
     mode = spec.estimate.calibrate
     if mode == "never":
         return []
@@ -196,12 +194,8 @@ def to_calibrate(spec: JobSpec, pool: PoolSpec, rows: list[dict[str, Any]], mode
 def pool_link(spec: JobSpec, pool: PoolSpec, bank: Any, key: str) -> dict[str, Any]:
     """The pool's allreduce latency and bandwidth from the bank; a local pool without one is
     probed now (a few seconds) and stored; a Kubernetes pool without one gets a default, said so."""
-    from pipelines.estimate.runtime import DEFAULT_LINK
-
     link = bank.link(key)
     if link is None and spec.launcher == "local" and sum(d.count for d in pool.device_types) > 1:
-        from pipelines.estimate.probe import probe_pool
-
         log.info("no allreduce measurement of this pool in the bank: probing it")
         probe_pool(spec.pool, bank.uri)
         link = bank.link(key)
@@ -218,10 +212,6 @@ def _calibration_hash(folder: Path, pool: PoolSpec) -> list[str | None]:
 def run(spec: JobSpec, run_dir: RunDir, ctx: StageContext) -> dict:
     """Predict every device type from the bank (calibrating where asked), plan, and predict the
     plan's run time part by part."""
-    from pipelines.estimate.predict import bank_profiles
-    from pipelines.estimate.runtime import learned_corrections, pick_strategy
-    from pipelines.stores.profile_bank import ProfileBank, device_key, features_key, pool_key
-
     preload = run_dir.read_result("preload")
     rows_train = int(preload["rows_train"])
     pool_path = Path(spec.pool)
@@ -303,8 +293,6 @@ def _plan(spec: JobSpec, pool: PoolSpec, profiles: dict, rows_train: int, featur
 def _timed(spec: JobSpec, planned: dict, profiles: dict, features: dict, corrections: dict) -> dict:
     """``planned`` with its run time part by part: ``predicted_total_s`` the whole run's, ``predicted_loop_s``
     the steps' alone (what the planner compared)."""
-    from pipelines.estimate.runtime import predict_parts
-
     timing = predict_parts(planned, profiles, param_bytes=features["param_bytes"],
                            slots=optimizer_slots(spec.training.optimizer),
                            checkpoint_every=spec.training.checkpoint_every_steps, corrections=corrections)

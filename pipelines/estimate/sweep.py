@@ -38,9 +38,17 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+from pipelines.core.profiling_commands import sweep_command
+from pipelines.core.stages import last_json_object
 from pipelines.errors import EXIT_BAD_INPUT, EXIT_FAILED, StageError
 from pipelines.estimate import family as fam
+from pipelines.estimate.calibrate import run_placed, set_threads, standalone_step
+from pipelines.estimate.features import model_features
+from pipelines.launch.cgroups import CpuLimiter, threads_for
 from pipelines.launch.rendezvous import ENV_THREADS
+from pipelines.models import build_model
+from pipelines.spec import SpecError, load_pool, read_mapping
+from pipelines.stores.profile_bank import ProfileBank, bank_features, device_key, features_key, now
 
 log = logging.getLogger("pipelines.estimate.sweep")
 
@@ -111,10 +119,6 @@ def measure_model(tf: Any, member: dict[str, Any], batches: tuple[int, ...], sec
     per batch ({batch, step_s, first_step_s, peak_memory_bytes})."""
     import numpy as np
 
-    from pipelines.estimate.calibrate import standalone_step
-    from pipelines.estimate.features import model_features
-    from pipelines.models import build_model
-
     meter.idle()
     tf.keras.utils.set_random_seed(seed)
     model = build_model(member["model"], tuple(member["input_shape"]), fam.NUM_CLASSES, member["kwargs"])
@@ -142,9 +146,7 @@ def run_sweep(pool: Any, device: str, launcher: str, bank_uri: str, size: str, *
               optimizer: str = "sgd", threads: int | None = None) -> dict[str, Any]:
     """Time the family of ``size`` here, as device type ``device`` of ``pool``; add the rows to the
     bank one model at a time (a killed sweep keeps what it measured).  Returns the command's result."""
-    import tensorflow as tf
-
-    from pipelines.stores.profile_bank import ProfileBank, bank_features, device_key, features_key, now
+    import tensorflow as tf  # here, not above: main() sets the allocator's environment first
 
     dev = pool.get(device)
     bank = ProfileBank(bank_uri)
@@ -169,12 +171,6 @@ def run_sweep(pool: Any, device: str, launcher: str, bank_uri: str, size: str, *
 def profile_device(pool_source: str, device: str, bank: str, size: str, *, source: str | None = None,
                    timeout_s: float = 3600.0) -> dict[str, Any]:
     """Locally: run the sweep child for ``device`` pinned and capped as that type; returns its result."""
-    from pipelines.core.profiling_commands import sweep_command
-    from pipelines.core.stages import last_json_object
-    from pipelines.estimate.calibrate import run_placed
-    from pipelines.launch.cgroups import CpuLimiter, threads_for
-    from pipelines.spec import load_pool, read_mapping
-
     pool = load_pool(pool_source)
     dev = pool.get(device)
     fam.family(size)  # an unknown size fails here, before any process starts
@@ -213,9 +209,6 @@ def main(argv: list[str] | None = None) -> int:
     if any(os.environ.get(k) != v for k, v in CHILD_ENV.items()):  # before TensorFlow allocates anything
         os.execve(sys.executable, [sys.executable, "-m", "pipelines.estimate.sweep", *(argv or sys.argv[1:])],
                   {**os.environ, **CHILD_ENV})
-    from pipelines.estimate.calibrate import _set_threads
-    from pipelines.spec import SpecError, load_pool
-
     try:
         pool = load_pool(args.pool)
         pool.get(args.device)
@@ -223,7 +216,7 @@ def main(argv: list[str] | None = None) -> int:
     except (SpecError, StageError) as e:
         print(f"ERROR: {e}", file=sys.stderr, flush=True)
         return EXIT_BAD_INPUT
-    _set_threads(args.threads)
+    set_threads(args.threads)
     source = args.source or f"sweep-{time.strftime('%Y%m%dT%H%M%S')}-{uuid.uuid4().hex[:6]}"
     try:
         result = run_sweep(pool, args.device, args.launcher, args.bank, args.size, source=source,

@@ -25,7 +25,20 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pipelines.errors import StageError
+import numpy as np
+
+from pipelines.core.plan import run_plan
+from pipelines.data.reader import epoch_permutation, open_split
+from pipelines.errors import EXIT_BAD_INPUT, StageError
+from pipelines.lr_search import range_test as rt
+from pipelines.lr_search.curve import RULE_VERSION, auto_beta, choose, confirmation
+from pipelines.lr_search.result import STAGE, completed, plot_curve, search_key, tested_result
+from pipelines.models import build_model
+from pipelines.spec import SpecError, load_spec
+from pipelines.stores.rundir import RunDir, write_json
+from pipelines.sync.balance import scheduled_lr
+from pipelines.sync.horovod_job import horovod_job, print_result, start_rank
+from pipelines.sync.step import build_steps, make_optimizer, step_weight
 
 log = logging.getLogger("pipelines.lr_search")
 
@@ -40,15 +53,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def test_settings() -> dict[str, Any]:
     """The range test's own settings: part of the result's input key."""
-    from pipelines.lr_search import curve, range_test
-
     return {
-        "lr": [range_test.LR_MIN, range_test.LR_MAX],
-        "steps": range_test.STEPS,
-        "min_steps": range_test.MIN_STEPS,
-        "divergence": range_test.DIVERGENCE_FACTOR,
-        "collapse": [range_test.COLLAPSE_DROP, range_test.COLLAPSE_LEVEL, range_test.COLLAPSE_POINTS],
-        "rule": curve.RULE_VERSION,
+        "lr": [rt.LR_MIN, rt.LR_MAX],
+        "steps": rt.STEPS,
+        "min_steps": rt.MIN_STEPS,
+        "divergence": rt.DIVERGENCE_FACTOR,
+        "collapse": [rt.COLLAPSE_DROP, rt.COLLAPSE_LEVEL, rt.COLLAPSE_POINTS],
+        "rule": RULE_VERSION,
     }
 
 
@@ -57,7 +68,7 @@ class SearchJob:
     """What every rank reads before the test: spec, plan, rows and the input key."""
 
     spec: Any
-    run_dir: Any  # pipelines.stores.rundir.RunDir
+    run_dir: RunDir
     plan: dict[str, Any]
     batches: list[int]
     x: Any  # pipelines.data.reader.ShardedRows, memory-mapped
@@ -71,12 +82,6 @@ class SearchJob:
 def load_search(args: argparse.Namespace, size: int | None = None) -> SearchJob:
     """The job of a rank in a test of ``size`` ranks (None: not checked yet).  Bad input raises
     :class:`pipelines.spec.SpecError` or :class:`StageError`, naming the file or field."""
-    from pipelines.core.plan import run_plan
-    from pipelines.data.reader import open_split
-    from pipelines.lr_search.result import search_key
-    from pipelines.spec import load_spec
-    from pipelines.stores.rundir import RunDir
-
     spec = load_spec(args.spec)
     run_dir = RunDir(args.run_dir)
     plan = run_plan(run_dir)
@@ -99,11 +104,7 @@ class RangeTest:
     each from the same initial weights and a fresh optimizer."""
 
     def __init__(self, job: SearchJob, hvd):
-        import numpy as np
-        import tensorflow as tf
-
-        from pipelines.models import build_model
-        from pipelines.sync.step import build_steps, make_optimizer, step_weight
+        import tensorflow as tf  # here, not above: a rank whose result exists exits without loading it
 
         self.job, self.hvd, self.tf, self.rank = job, hvd, tf, hvd.rank()
         t = job.spec.training
@@ -119,12 +120,8 @@ class RangeTest:
 
     def rows(self, order):
         """This rank's rows of the next step of ``order``: ``(x, y)``."""
-        import numpy as np
-
-        from pipelines.lr_search.range_test import rank_rows
-
         job = self.job
-        start, stop, _ = rank_rows(0, job.batches, self.rank, len(job.y))
+        start, stop, _ = rt.rank_rows(0, job.batches, self.rank, len(job.y))
         idx = np.sort(order[np.arange(self.next_row + start, self.next_row + stop) % len(order)])
         self.next_row += sum(job.batches)
         return job.x[idx].reshape((-1, *job.shape)), job.y[idx]
@@ -140,10 +137,6 @@ class RangeTest:
     def training_order(self, steps: int):
         """The rows the training's first ``steps`` steps take: its epoch permutations, in turn
         (``pipelines.data.reader.epoch_permutation``, the trainer's)."""
-        import numpy as np
-
-        from pipelines.data.reader import epoch_permutation
-
         n, seed = len(self.job.y), self.job.spec.training.seed
         epochs = -(-steps * sum(self.job.batches) // n)
         return np.concatenate([epoch_permutation(n, seed, e) for e in range(max(1, epochs))])
@@ -157,9 +150,7 @@ class RangeTest:
 
     def sweep(self, rates: list[float], beta: float, divergence_factor: float) -> dict[str, Any]:
         """The range test: one step per rate until the curve diverges or collapses."""
-        from pipelines.lr_search.range_test import CurveWatch
-
-        watch = CurveWatch(beta, len(rates), divergence_factor)
+        watch = rt.CurveWatch(beta, len(rates), divergence_factor)
         lrs, losses, stopped, started = [], [], "end of sweep", time.perf_counter()
         for lr in rates:
             loss = self.step(lr, self.order)
@@ -178,8 +169,6 @@ class RangeTest:
         Replaying the training's own start matters: on the demo task a rate twice the curve's
         minimum trains best from some initial weights and row orders and collapses to chance level
         from others, and a run on other rows does not show which."""
-        from pipelines.sync.balance import scheduled_lr
-
         self.reset()
         order, self.next_row = self.training_order(steps), 0
         losses = [self.step(scheduled_lr(s, lr, warmup, steps, schedule), order) for s in range(steps)]
@@ -189,10 +178,6 @@ class RangeTest:
 
 def search(job: SearchJob, hvd) -> dict[str, Any]:
     """The whole test on this rank: sweep, analysis, confirmation; returns the stage result."""
-    from pipelines.lr_search import range_test as rt
-    from pipelines.lr_search.curve import auto_beta, choose, confirmation
-    from pipelines.lr_search.result import tested_result
-
     t = job.spec.training
     sweep_plan = rt.plan_sweep(len(job.y), sum(job.batches))
     rates = rt.lr_schedule(rt.LR_MIN, rt.LR_MAX, sweep_plan.steps)
@@ -213,9 +198,6 @@ def search(job: SearchJob, hvd) -> dict[str, Any]:
 
 def write_outputs(job: SearchJob, result: dict[str, Any]) -> dict[str, Any]:
     """Rank 0: the plot, then ``result.json`` (last: its presence means the stage is done)."""
-    from pipelines.lr_search.result import STAGE, plot_curve
-    from pipelines.stores.rundir import write_json
-
     out: Path = job.run_dir.stage(STAGE)
     try:
         plot_curve(out / "curve.png", result)
@@ -230,11 +212,6 @@ def write_outputs(job: SearchJob, result: dict[str, Any]) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> int:
     """Run one rank; rank 0 prints the result last.  Every rank first looks for a result of the
     same inputs and, when there is one, exits at once without joining the rendezvous."""
-    from pipelines.errors import EXIT_BAD_INPUT
-    from pipelines.lr_search.result import completed
-    from pipelines.spec import SpecError
-    from pipelines.sync.horovod_job import horovod_job, print_result, start_rank
-
     rank = start_rank()
     args = parse_args(argv)
     try:

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from pipelines.stores.rundir import RunDir, atomic_path, input_key
+from pipelines.sync.balance import scaled_learning_rate
 
 STAGE = "lr_search"
 KEY_VERSION = "lr_search/2"
@@ -51,8 +52,6 @@ def finite(values: list[float]) -> list[float | None]:
 
 def fixed_result(spec: Any, global_batch: int | None) -> dict[str, Any]:
     """The result for a given ``training.learning_rate``: no test, the rate the trainer will use."""
-    from pipelines.sync.balance import scaled_learning_rate
-
     fixed = spec.training.learning_rate
     # The given rate applies at reference_batch; report the rate the trainer will use at B.
     at = global_batch or spec.training.reference_batch

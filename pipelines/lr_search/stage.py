@@ -17,6 +17,7 @@ import logging
 
 from pipelines.core.plan import run_plan
 from pipelines.core.stages import StageContext
+from pipelines.launch.local import run_stage_ranks
 from pipelines.lr_search.ranks import test_settings
 from pipelines.lr_search.result import STAGE, completed, fixed_result, search_key
 from pipelines.spec import JobSpec, SpecError, load_pool
@@ -39,7 +40,5 @@ def run(spec: JobSpec, run_dir: RunDir, ctx: StageContext) -> dict:
     if not ctx.fresh and (done := completed(run_dir, key)) is not None:
         log.info("lr_search: reusing the completed result for the same inputs")
         return done
-    from pipelines.launch.local import run_stage_ranks
-
     return run_stage_ranks(STAGE, "the range test", spec, run_dir, ctx, plan, lambda: completed(run_dir, key),
                            run_dir.result_path(STAGE))

@@ -1,4 +1,4 @@
-"""The lr_search stage: curve analysis on synthetic curves, and a short real range test."""
+"""Curve analysis and the choice of rate (pipelines.lr_search.curve), on synthetic curves."""
 
 from __future__ import annotations
 
@@ -23,7 +23,6 @@ from pipelines.lr_search.curve import (
     smooth,
     suggest,
 )
-from pipelines.lr_search.range_test import MIN_STEPS, CurveWatch, lr_schedule, plan_sweep, rank_rows
 
 pytestmark = pytest.mark.trainer
 
@@ -173,65 +172,6 @@ def test_suggest_flat_curve_falls_back():
     assert lrs[0] <= out["learning_rate"] <= lrs[-1]
 
 
-def test_lr_schedule():
-    rates = lr_schedule(1e-5, 10.0, 100)
-    assert len(rates) == 100 and rates[0] == pytest.approx(1e-5) and rates[-1] == pytest.approx(10.0)
-    assert rates[50] / rates[49] == pytest.approx(rates[1] / rates[0])
-    with pytest.raises(StageError, match="lr_min"):
-        lr_schedule(1.0, 0.1, 10)
-
-
-# ------------------------------------------------------------------ the sweep's rows and early stop
-
-
-def test_plan_sweep_never_reuses_a_row_where_the_data_allows():
-    full = plan_sweep(rows=10_000, global_batch=64)
-    assert full.steps == 100 and not full.reuses_rows and full.describe(100) == "100 steps, no row used twice"
-    short = plan_sweep(rows=5426, global_batch=64)  # 84 batches of 64
-    assert short.steps == 84 and not short.reuses_rows
-    assert short.describe(100).startswith("fewer steps: 84 instead of 100")
-    tiny = plan_sweep(rows=5426, global_batch=256)  # 21 batches: too few for a curve
-    assert tiny.steps == MIN_STEPS and tiny.reuses_rows and tiny.rows_needed == MIN_STEPS * 256
-    assert tiny.describe(100).startswith("rows reused: 5426 training rows hold 21 batches of 256")
-    with pytest.raises(StageError, match="0 rows"):
-        plan_sweep(rows=0, global_batch=8)
-
-
-def test_rank_rows_are_consecutive_slices_of_the_step():
-    batches = [5, 0, 3]
-    assert [rank_rows(2, batches, r, 100) for r in range(3)] == [(16, 21, 5), (21, 21, 0), (21, 24, 3)]
-
-
-def test_curve_watch_smooths_as_smooth_does_and_stops_on_divergence():
-    losses = [2.3, 2.2, 2.0, 1.6, 1.2, 1.0, 0.9, 1.5, 4.0, 9.0]
-    watch = CurveWatch(beta=0.6, steps=100)
-    reasons = [watch.add(v) for v in losses]
-    first = next(i for i, r in enumerate(reasons) if r)
-    assert reasons[first] == "diverged" and first == 9  # smoothed > 4 x its minimum
-    np.testing.assert_allclose(watch.smoothed, smooth(losses[: first + 1], 0.6))
-    assert CurveWatch(0.6, 100).add(float("nan")) == "diverged"
-
-
-def test_curve_watch_stops_on_a_collapse_that_does_not_recover():
-    fall = list(np.linspace(2.3, 1.0, 20))
-    stuck = [2.29] * 20  # back at chance level, never 4x the minimum
-    watch = CurveWatch(beta=0.0, steps=100)  # patience: 5% of 100 steps
-    reasons = [watch.add(v) for v in fall + stuck]
-    assert reasons.index("collapsed") == 20 + 4 and "diverged" not in reasons
-    # a bump that comes back down is not a collapse
-    watch = CurveWatch(beta=0.0, steps=100)
-    assert not any(watch.add(v) for v in fall + [2.2, 2.2, 1.0, 0.9] + [0.8] * 10)
-    # without a descent first, a flat curve is never "collapsed", nor is batch noise at tiny rates
-    watch = CurveWatch(beta=0.0, steps=100)
-    assert not any(watch.add(2.3) for _ in range(50))
-    noise = 2.3 + np.random.default_rng(0).normal(0, 0.05, 60)
-    watch = CurveWatch(beta=0.6, steps=100)
-    assert not any(watch.add(v) for v in noise)
-
-
-# ------------------------------------------------------------------ the choice
-
-
 def test_choose_confirms_candidates_around_the_minimum_and_keeps_the_best_run():
     lrs, loss = u_shaped()
     tried = []
@@ -287,53 +227,3 @@ def test_reference_rules_on_a_known_curve():
     valley = fastai_valley(lrs, smoothed)
     assert lrs[0] < valley < lrs[-1]  # a third and a half along the whole decreasing run
     assert fastai_valley(lrs, [float("nan")] * 50) is None
-
-
-# ------------------------------------------------------------------ the stage, without ranks
-
-
-def _run_dir(tmp_path):
-    from pipelines.stores.rundir import RunDir, write_json
-
-    run_dir = RunDir(tmp_path / "run")
-    write_json(run_dir.result_path("preload"), {"train_shards": [], "input_key": "pre"})
-    plan = {"global_batch": 24, "ranks": [{"rank": 0, "device": "fast", "batch": 16}, {"rank": 1, "device": "slow", "batch": 8}]}
-    write_json(tmp_path / "run" / "estimate" / "plan.json", plan)
-    return run_dir, plan
-
-
-SPEC = {"dataset": {"uri": "/data", "feature_shape": [6, 6, 1], "num_classes": 3}, "model": {"name": "tiny_mlp"}}
-
-
-def test_stage_passes_a_fixed_rate_scaled_to_the_plans_batch(tmp_path):
-    from pipelines.core.stages import StageContext
-    from pipelines.lr_search.stage import run
-    from pipelines.spec import load_spec
-
-    run_dir, _ = _run_dir(tmp_path)
-    fixed = run(load_spec({**SPEC, "training": {"learning_rate": 0.05}}), run_dir, StageContext())
-    # 0.05 applies at reference_batch (64); at the planned B = 24 the trainer uses 0.05 * 24 / 64
-    assert fixed["method"] == "fixed" and fixed["global_batch"] == 24 and fixed["steps"] == 0
-    assert fixed["learning_rate"] == pytest.approx(0.05 * 24 / 64)
-    assert not (tmp_path / "run" / "lr_search").exists()  # no ranks, nothing written but the result
-
-
-def test_stage_returns_a_stored_result_for_the_same_inputs_and_reruns_for_others(tmp_path):
-    from pipelines.core.stages import StageContext
-    from pipelines.lr_search.ranks import test_settings
-    from pipelines.lr_search.result import search_key
-    from pipelines.lr_search.stage import run
-    from pipelines.spec import load_spec
-    from pipelines.stores.rundir import write_json
-
-    run_dir, plan = _run_dir(tmp_path)
-    spec = load_spec(SPEC)
-    stored = {"learning_rate": 0.1, "input_key": search_key(spec, run_dir, plan, test_settings())}
-    write_json(run_dir.result_path("lr_search"), stored)
-    assert run(spec, run_dir, StageContext()) == stored
-    # another optimizer is another search; on Kubernetes the gang operator runs it, not this stage
-    other = load_spec({**SPEC, "training": {"optimizer": "adam"}, "launcher": "kubernetes",
-                       "artifact_root": "/mnt/artifacts",
-                       "kubernetes": {"image": "registry.example/trainer:1", "artifact_volume_claim": "shared"}})
-    with pytest.raises(StageError, match="HorovodJobOperator starts the pods"):
-        run(other, run_dir, StageContext())

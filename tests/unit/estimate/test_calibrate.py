@@ -1,0 +1,102 @@
+"""Calibration (pipelines.estimate.calibrate): the step-time fit, the memory model and the
+calibration children."""
+
+from __future__ import annotations
+
+import pytest
+from estimate.pools import (
+    LOCAL_POOL,
+    pool,
+)
+
+from pipelines.errors import StageError
+from pipelines.estimate.calibrate import fit_step_time, max_batch
+
+pytestmark = pytest.mark.trainer
+
+
+def test_fit_step_time_recovers_an_affine_model_and_stays_non_negative():
+    batches = [8, 32, 64, 128]
+    fit = fit_step_time(batches, [0.002 + 0.0001 * b for b in batches])
+    assert fit["fixed_s"] == pytest.approx(0.002, rel=1e-6)
+    assert fit["per_sample_s"] == pytest.approx(0.0001, rel=1e-6)
+    assert fit["r2"] == pytest.approx(1.0)
+    # Data that would give a negative intercept: the bound holds it at 0.
+    neg = fit_step_time([10, 20, 40], [0.0005, 0.0015, 0.0035])
+    assert neg["fixed_s"] == 0.0 and neg["per_sample_s"] > 0
+    with pytest.raises(StageError, match="two distinct batch sizes"):
+        fit_step_time([32, 32], [0.01, 0.011])
+
+
+def test_max_batch_memory_model():
+    # 1 GB * 0.8 - 1e6 params * 4 B * (1 slot + 2) = 788e6 B free; 1000 B/sample * 3 -> 262666
+    assert max_batch(1.0, 1_000_000, 1000, slots=1) == 262_666
+    assert max_batch(1.0, 1_000_000, 1000, slots=2) < max_batch(1.0, 1_000_000, 1000, slots=1)
+    assert max_batch(0.001, 1_000_000, 1000) == 0
+
+
+def test_time_train_steps_and_calibration_subprocess(tmp_path):
+    """One device type calibrated in a real subprocess (tiny model, short windows)."""
+    from pipelines.estimate.calibrate import calibrate_pool
+    from pipelines.spec import load_spec
+
+    spec = load_spec(
+        {"dataset": {"uri": str(tmp_path), "feature_shape": [8, 8, 1], "num_classes": 3},
+         "model": {"name": "tiny_mlp", "kwargs": {"hidden": [16]}}}
+    )  # fmt: skip
+    one = pool({"device_types": [{**LOCAL_POOL["device_types"][0], "local": {"cpus": [], "cpu_share": 1.0}}]})
+    profiles = calibrate_pool(spec, one, tmp_path / "cal", batch_sizes=(8, 64), min_seconds=0.1)
+    prof = profiles["fast"]
+    assert prof["batches"] == [8, 64] and all(t > 0 for t in prof["step_s"])
+    assert prof["fixed_s"] >= 0 and prof["per_sample_s"] >= 0 and prof["threads"] == 1
+    assert isinstance(prof["quota_enforced"], bool)
+
+
+def test_calibration_command_runs_this_modules_cli(tmp_path):
+    import sys
+
+    from pipelines.estimate.calibrate import calibration_command
+
+    cmd = calibration_command(tmp_path / "spec.json", "slow", tmp_path / "p.json", 2, (8, 64), 0.5)
+    assert cmd[:3] == [sys.executable, "-m", "pipelines.estimate.calibrate"]
+    args = dict(zip(cmd[3::2], cmd[4::2], strict=True))
+    assert args == {"--spec": str(tmp_path / "spec.json"), "--device": "slow", "--out": str(tmp_path / "p.json"),
+                    "--threads": "2", "--batches": "8,64", "--min-seconds": "0.5"}  # fmt: skip
+
+
+class _Limiter:
+    def __init__(self):
+        self.limited = []
+
+    def limit(self, pid, name, cpu_share, cpus, period_us):
+        self.limited.append((name, cpu_share, cpus, period_us))
+        return False
+
+
+def _calibrate_with(tmp_path, code: str, timeout_s: float = 30.0):
+    import os
+    import sys
+
+    from pipelines.estimate.calibrate import run_calibration
+
+    dev = pool().device_types[1]  # slow: core 0, 0.4 of a CPU
+    out = tmp_path / "profile.json"
+    limiter = _Limiter()
+    result = run_calibration([sys.executable, "-c", code, str(out)], dict(os.environ), dev, out, limiter, timeout_s)
+    assert limiter.limited == [("slow", 0.4, [0], 100_000)]  # placed in the device's quota
+    return result
+
+
+def test_run_calibration_returns_the_childs_profile_and_whether_the_quota_held(tmp_path):
+    code = "import json, sys; json.dump({'fixed_s': 0.5}, open(sys.argv[1], 'w'))"
+    assert _calibrate_with(tmp_path, code) == ({"fixed_s": 0.5}, False)
+
+
+def test_run_calibration_failures_name_the_device_and_show_the_output(tmp_path):
+    fails = "import sys; print('\\n'.join(f'line {i}' for i in range(9))); sys.exit(3)"
+    with pytest.raises(StageError, match=r"'slow' failed \(exit 3\): line 4\nline 5\nline 6\nline 7\nline 8$"):
+        _calibrate_with(tmp_path, fails)
+    with pytest.raises(StageError, match=r"'slow' failed \(exit 0\): no profile"):
+        _calibrate_with(tmp_path, "print('no profile')")  # exits 0 without writing one
+    with pytest.raises(StageError, match=r"'slow' took longer than 1 s"):
+        _calibrate_with(tmp_path, "import time; time.sleep(30)", timeout_s=1.0)

@@ -1,0 +1,57 @@
+"""The run time part by part and the choice of strategy (pipelines.estimate.runtime)."""
+
+from __future__ import annotations
+
+import pytest
+from estimate.pools import (
+    LARGE_MODEL,
+    PROFILES,
+    SMALL_MODEL,
+    auto_plan,
+)
+
+from pipelines.core.plan import check_plan
+from pipelines.estimate.runtime import pick_strategy, predict_parts
+
+pytestmark = pytest.mark.trainer
+
+
+def _timed(p: dict) -> dict:
+    timing = predict_parts(p, PROFILES, param_bytes=4e5, slots=1, checkpoint_every=200)
+    return {**p, "predicted_loop_s": p["predicted_total_s"], "predicted_total_s": timing["total_s"], "timing": timing}
+
+
+def test_pick_strategy_writes_the_faster_with_both_predictions_and_a_reason():
+    best = auto_plan(SMALL_MODEL)
+    other = best.pop("alternative")
+    chosen = pick_strategy([_timed(best), _timed(other)], "auto")
+    assert chosen["strategy"] == "parameter_server"
+    assert set(chosen["strategies"]) == {"horovod", "parameter_server"}
+    for name, s in chosen["strategies"].items():
+        assert s["samples_per_sec"] > 0 and s["predicted_total_s"] > s["predicted_loop_s"] > 0, name
+    assert chosen["strategies"]["parameter_server"]["predicted_total_s"] < chosen["strategies"]["horovod"]["predicted_total_s"]
+    assert chosen["strategy_reason"].startswith("training.strategy auto: parameter_server is predicted faster on the same 2")
+    assert "do not wait for the slowest rank" in chosen["strategy_reason"]
+    assert check_plan(chosen)["strategy"] == "parameter_server"
+    # the decision is on the whole run's time: a slower prediction part by part turns it around
+    slower = {**_timed(best), "predicted_total_s": 1e9}
+    assert pick_strategy([slower, _timed(other)], "auto")["strategy"] == "horovod"
+    large = auto_plan(LARGE_MODEL)
+    chosen = pick_strategy([_timed(large), _timed(large.pop("alternative"))], "auto")
+    assert chosen["strategy"] == "horovod" and "costs more than its compute" in chosen["strategy_reason"]
+    only = pick_strategy([_timed(best)], "parameter_server")
+    assert only["strategy_reason"] == "training.strategy: parameter_server" and list(only["strategies"]) == [
+        "parameter_server"]
+
+
+def test_a_parameter_server_plans_steps_are_not_corrected_by_what_synchronous_runs_taught():
+    best = auto_plan(SMALL_MODEL)
+    corrections = {"runs": 3, "parts": {"steps": {"factor": 2.0, "per_unit": 0.01},
+                                        "startup": {"factor": 3.0, "per_unit": 0.0}}}
+    ps = predict_parts(best, PROFILES, param_bytes=4e5, slots=1, checkpoint_every=200, corrections=corrections)
+    assert ps["not_corrected"] == ["steps"] and ps["parts"]["steps"] == pytest.approx(ps["uncorrected"]["steps"])
+    assert ps["parts"]["steps"] == pytest.approx(best["predicted_total_s"])  # updates x seconds per update
+    assert ps["parts"]["startup"] == pytest.approx(3 * ps["uncorrected"]["startup"])
+    h = predict_parts(best["alternative"], PROFILES, param_bytes=4e5, slots=1, checkpoint_every=200,
+                      corrections=corrections)
+    assert h["not_corrected"] == [] and h["parts"]["steps"] > 2 * h["uncorrected"]["steps"]

@@ -1,0 +1,60 @@
+"""The profile bank (pipelines.stores.profile_bank): concurrent writers, refused rows, bad files."""
+
+from __future__ import annotations
+
+import multiprocessing
+
+import pytest
+from estimate.banks import synthetic_rows
+
+from pipelines.stores.profile_bank import BankError, ProfileBank
+
+pytestmark = pytest.mark.trainer
+
+
+def _writer(uri: str, worker: int, appends: int) -> None:
+    bank = ProfileBank(uri)
+    for i in range(appends):
+        rows = synthetic_rows(f"w{worker}", f"k{worker}", models=1, seed=i)
+        bank.append("steps", [{**r, "source": f"{worker}-{i}"} for r in rows])
+
+
+def test_two_processes_writing_at_once_lose_no_row(tmp_path):
+    uri = str(tmp_path / "bank")
+    ctx = multiprocessing.get_context("spawn")
+    procs = [ctx.Process(target=_writer, args=(uri, w, 25)) for w in range(2)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(60)
+        assert p.exitcode == 0
+    rows = ProfileBank(uri).steps()
+    assert len(rows) == 2 * 25 * 3
+    assert {(r["source"], r["batch"]) for r in rows} == {(f"{w}-{i}", b) for w in range(2) for i in range(25) for b in (16, 64, 160)}
+
+
+def test_bad_rows_are_refused_before_writing_and_bad_files_are_named(tmp_path):
+    bank = ProfileBank(str(tmp_path / "bank"))
+    good = synthetic_rows("fast", "k", models=1)
+    with pytest.raises(BankError, match=r"steps row 1: step_s must be > 0, got -0.5"):
+        bank.append("steps", [good[0], {**good[1], "step_s": -0.5}])
+    with pytest.raises(BankError, match=r"steps row 0: device_key is missing"):
+        bank.append("steps", [{k: v for k, v in good[0].items() if k != "device_key"}])
+    assert bank.steps() == []  # nothing written by a refused append
+    bank.append("steps", good)
+    (tmp_path / "bank" / "steps" / "part-zzz-broken.parquet").write_text("not parquet")
+    with pytest.raises(BankError, match=r"part-zzz-broken.parquet: not a readable Parquet file"):
+        bank.steps()
+
+
+def test_a_file_with_a_bad_value_names_file_row_and_field(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    bank = ProfileBank(str(tmp_path / "bank"))
+    bank.append("steps", synthetic_rows("fast", "k", models=1))
+    rows = synthetic_rows("fast", "k", models=1)
+    rows[2]["step_s"] = float("nan")
+    pq.write_table(pa.Table.from_pylist(rows), tmp_path / "bank" / "steps" / "part-zz-nan.parquet")
+    with pytest.raises(BankError, match=r"part-zz-nan.parquet, row 2: step_s must be a finite number, got nan"):
+        bank.steps()
