@@ -1,8 +1,8 @@
 """Evaluate the exported model on the held-out shards written by the preload stage.
 
 The SavedModel's ``serve`` endpoint takes raw float32 features ``[n, *feature_shape]`` (the model
-normalises inside) and returns logits; the predicted class is their argmax.  TensorFlow and
-pyarrow are imported inside the functions.
+normalises inside) and returns logits; the predicted class is their argmax.  TensorFlow is
+imported inside the function that loads the model.
 """
 
 from __future__ import annotations
@@ -13,6 +13,9 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
+from pipelines.data.reader import open_shards
 from pipelines.errors import DataError, StageError
 
 __all__ = ["iter_holdout", "load_serve", "confusion_metrics", "evaluate"]
@@ -27,10 +30,6 @@ def iter_holdout(
     gathered at a time.  Raises :class:`DataError` naming the shard when a file is missing or its
     columns are wrong.
     """
-    import numpy as np
-
-    from pipelines.data.reader import open_shards
-
     rows, labels = open_shards(shards, feature_size)
     for start in range(0, len(labels), batch_size):
         stop = min(start + batch_size, len(labels))
@@ -43,7 +42,7 @@ def load_serve(saved_model: str | os.PathLike):
     Uses the ``serve`` attribute (``keras.Model.export``, or a ``tf.Module`` with a ``serve``
     tf.function as the trainer saves), else the ``serve`` or ``serving_default`` signature.
     """
-    import tensorflow as tf
+    import tensorflow as tf  # here, not above: analyze loads it only when there are held-out rows
 
     path = os.fspath(saved_model)
     if "://" not in path and not Path(path).is_dir():
@@ -100,8 +99,6 @@ def evaluate(
     rows.  Raises :class:`StageError` when the model's outputs do not match ``num_classes`` and
     :class:`DataError` when a label is out of range.
     """
-    import numpy as np
-
     shape = [int(d) for d in feature_shape]
     size = math.prod(shape)
     confusion = np.zeros((num_classes, num_classes), dtype=np.int64)

@@ -6,6 +6,7 @@ directory and returns the headline figures (see :func:`run`).
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 from pathlib import Path
@@ -13,10 +14,13 @@ from typing import Any
 
 from pipelines.analyze.evaluate import evaluate
 from pipelines.analyze.events import Events, EventsNotFoundError, read_events
-from pipelines.analyze.report import build_report
+from pipelines.analyze.report import ReportInputs, build_report
 from pipelines.analyze.updates import PARAMETER_SERVER, UPDATES_FILE, ps_figures, read_updates, strategy_of
 from pipelines.core.stages import StageContext
+from pipelines.errors import StageError
 from pipelines.spec import JobSpec
+from pipelines.stores.models import ModelStore
+from pipelines.stores.run_records import record_run
 from pipelines.stores.rundir import RunDir, input_key, write_json, write_text
 
 __all__ = ["REPORT_VERSION", "run", "derived_metrics"]
@@ -74,19 +78,12 @@ def _events(train: dict, run_dir: RunDir) -> Events:
 
 def _promoted(spec: JobSpec) -> dict | None:
     """The promoted version's metadata in the spec's model store (None before any promotion)."""
-    from pipelines.stores.models import ModelStore
-
     return ModelStore(spec.model_store_uri()).promoted(spec.model_store_name())
 
 
 def _learn(spec: JobSpec, estimate: dict | None, run_dir: RunDir, ctx: StageContext, train_key: str) -> dict | None:
     """Teach the estimator this run (pipelines.stores.run_records.record_run); None when there is no estimate
     to compare with.  A bank that cannot be written is logged, not fatal: the model is trained."""
-    import json
-
-    from pipelines.errors import StageError
-    from pipelines.stores.run_records import record_run
-
     summary_path = run_dir.root / "train" / "summary.json"
     if not estimate or "pool_key" not in estimate or not summary_path.is_file():
         return None
@@ -136,8 +133,6 @@ def compare_versions(
 
     ``promotable`` is whether the new version may replace the promoted one: its held-out accuracy
     is at most ``promotion.tolerance`` below the promoted one's (always, when none is promoted)."""
-    from pipelines.stores.models import ModelStore
-
     if publish is None:
         return None
     store, name, tolerance = ModelStore(spec.model_store_uri()), spec.model_store_name(), spec.promotion.tolerance
@@ -197,7 +192,7 @@ def run(spec: JobSpec, run_dir: RunDir, ctx: StageContext) -> dict[str, Any]:
     learned = _learn(spec, estimate, run_dir, ctx, str(train.get("input_key")))
     out = Path(run_dir.stage("analyze"))
     comparison = compare_versions(spec, preload, evaluation, publish, promoted, out / "promoted")
-    html_text = build_report(
+    html_text = build_report(ReportInputs(
         train=train,
         scalars=scalars,
         metrics=metrics,
@@ -210,7 +205,7 @@ def run(spec: JobSpec, run_dir: RunDir, ctx: StageContext) -> dict[str, Any]:
         learned=learned,
         updates=updates,
         title=f"Training report: {ctx.dag_id} / {ctx.run_id}",
-    )
+    ))
     report_path = write_text(out / "report.html", html_text)
     last = {tag: points[-1][2] for tag, points in scalars.items()}
     metrics_doc = {**metrics, **{f"holdout_{k}": v for k, v in evaluation.items()}, "last_scalars": last, "input_key": key}

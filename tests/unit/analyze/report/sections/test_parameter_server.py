@@ -1,0 +1,41 @@
+"""The parameter-server section (pipelines.analyze.report.sections.parameter_server)."""
+
+from __future__ import annotations
+
+import pytest
+
+from analyze.synthetic import (
+    capture_images,
+    ps_train,
+    ps_updates,
+    section,
+)
+from pipelines.analyze.report import ReportInputs, build_report
+from pipelines.analyze.report.sections.parameter_server import STALENESS_ROWS, staleness_rows
+from pipelines.stores.rundir import RunDir
+
+pytestmark = pytest.mark.trainer
+
+
+def test_parameter_server_section_for_async_mode_without_an_updates_file(monkeypatch):
+    figures = capture_images(monkeypatch)
+    train = ps_train(RunDir("/nowhere"), mode="async")
+    train["parameter_server"]["lost_workers"] = []
+    html_text = build_report(ReportInputs(train=train, scalars={}, metrics={}))
+    ps = section(html_text, "parameter-server")
+    assert "Update mode <b>async</b>: each update is applied as it arrives" in ps
+    assert not figures["staleness histogram"].axes[0].get_lines()  # no bound to mark
+    assert "No worker was lost." in ps and "lost after" not in ps
+    assert "No updates file (/nowhere/train/updates.jsonl)" in ps
+    assert "updates over time per worker" not in figures
+
+    mismatch = build_report(ReportInputs(train=train, scalars={}, metrics={}, updates=ps_updates()[:100]))
+    assert "The updates file holds 100 updates; the train result counts 260." in mismatch
+    older = build_report(ReportInputs(train={"strategy": "parameter_server", "ranks": []}, scalars={}, metrics={}))
+    assert "no parameter_server figures" in section(older, "parameter-server")
+
+
+def test_a_long_staleness_histogram_groups_its_stalest_rows():
+    rows = staleness_rows([1] * 40)
+    assert len(rows) == STALENESS_ROWS and rows[-1][:2] == (f"{STALENESS_ROWS - 1} to 39", 40 - STALENESS_ROWS + 1)
+    assert [r[0] for r in staleness_rows([3, 0, 1])] == ["0", "2"]  # empty values left out
