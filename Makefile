@@ -15,7 +15,7 @@ export AIRFLOW__CORE__LOAD_EXAMPLES := False
 export HETERO_TRAINER_PYTHON := $(CURDIR)/$(TVENV)/bin/python
 export PYTHON
 
-.PHONY: setup demo test test-trainer test-airflow lint data bench clean
+.PHONY: setup demo test test-trainer test-airflow lint docs data bench clean
 
 ## setup: build .venv and .venv-trainer if missing or out of date (stamp keyed on the lock files)
 setup:
@@ -48,6 +48,10 @@ test-airflow:
 lint: setup
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/python scripts/check_layering.py
+
+## docs: write the reference pages docs/reference/*.md from the spec's models and the commands' parsers
+docs: setup
+	$(TVENV)/bin/python scripts/gen_reference.py
 
 bench: setup
 	$(TVENV)/bin/python bench/hetero.py

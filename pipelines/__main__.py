@@ -28,6 +28,19 @@ from pipelines.stores.rundir import RunDir, write_json
 
 log = logging.getLogger("pipelines")
 
+# What each stage command does, for --help and docs/reference/cli.md.
+STAGE_HELP = {
+    "preload": "validate the Parquet dataset and convert the run's partitions once into training shards, "
+    "the held-out rows split off",
+    "estimate": "predict each device type's step time and memory from the profile bank and choose the plan: "
+    "ranks, batches, strategy",
+    "lr_search": "a learning-rate range test on the plan's ranks, and the rate it chooses",
+    "train": "train on the plan's ranks and write the model, checkpoints and summary",
+    "publish": "copy the trained model into the model store as a new immutable version",
+    "analyze": "evaluate on the held-out rows, write the report and record the run in the profile bank",
+    "promote": "make this run's version the promoted one when promotion.mode and the comparison allow it",
+}
+
 
 def _datetime(value: str) -> dt.datetime:
     try:
@@ -38,7 +51,7 @@ def _datetime(value: str) -> dt.datetime:
 
 def _stage_parser(sub: argparse._SubParsersAction, name: str) -> None:
     aliases = [old for old, new in ALIASES.items() if new == name]
-    p = sub.add_parser(name, aliases=aliases, help=f"run the {name} stage")
+    p = sub.add_parser(name, aliases=aliases, help=f"the {name} stage: {STAGE_HELP[name]}")
     p.add_argument("--spec", required=True, help="job spec: YAML/JSON file or inline JSON")
     p.add_argument("--run-dir", help="run directory (default: <artifact_root>/<dag_id>/<run_id>)")
     p.add_argument("--dag-id", default="cli", help="Airflow DAG id, or any name (default: %(default)s)")
@@ -55,7 +68,7 @@ def _stage_parser(sub: argparse._SubParsersAction, name: str) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m pipelines", description=__doc__.splitlines()[0])
-    parser.add_argument("-v", "--verbose", action="store_true")
+    parser.add_argument("-v", "--verbose", action="store_true", help="debug logs")
     sub = parser.add_subparsers(dest="command", required=True)
     for name in STAGES:
         _stage_parser(sub, name)
@@ -88,12 +101,14 @@ def build_parser() -> argparse.ArgumentParser:
     rr.add_argument("--artifact-root", default="artifacts", help="default bank location (default: %(default)s)")
     rr.add_argument("--workdir", help="where the generated data and the runs go (default: <artifact root>/_reference)")
     r = sub.add_parser("render", help="write the Kubernetes manifests a job would create, without a cluster")
-    r.add_argument("--spec", required=True)
+    r.add_argument("--spec", required=True, help="job spec: YAML/JSON file or inline JSON")
     r.add_argument("--pool", help="pool file (default: the spec's)")
     r.add_argument("--plan", help="plan.json from the estimate stage (default: one rank per device in the pool)")
     r.add_argument("--out", required=True, help="folder for the YAML manifests")
-    r.add_argument("--dag-id", default="cli")
-    r.add_argument("--run-id", default="manual")
+    r.add_argument("--dag-id", default="cli", help="Airflow DAG id, or any name: names the pods and the run "
+                   "directory (default: %(default)s)")
+    r.add_argument("--run-id", default="manual", help="Airflow run id, or any name: names the pods and the run "
+                   "directory (default: %(default)s)")
     r.add_argument("--profile-pods", action="store_true",
                    help="write the profile_pool DAG's pods instead: profile-<device>.yaml and profile-fit.yaml")
     r.add_argument("--size", default="small", help="with --profile-pods: the sweep's size (default: %(default)s)")
