@@ -1,6 +1,8 @@
 """A real Airflow deployment for tests: the api-server, scheduler, dag-processor and triggerer of
-``.venv`` as separate processes on SQLite with the LocalExecutor, in a fresh AIRFLOW_HOME, and a
-small client of its REST API (``/api/v2``) authenticated with a JWT from the simple auth manager.
+``.venv`` as separate processes with the LocalExecutor, in a fresh AIRFLOW_HOME, on a PostgreSQL
+database of its own (:func:`postgres_database`: the database Airflow is deployed on; SQLite is for
+development only), and a small client of its REST API (``/api/v2``) authenticated with a JWT from
+the simple auth manager.
 
 :meth:`Airflow.stop` stops the components' process groups, then whatever is left of their
 descendants and of the processes started with the deployment's AIRFLOW_HOME in their environment
@@ -12,11 +14,14 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import pwd
 import secrets
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.error
 import urllib.parse
@@ -24,6 +29,8 @@ import urllib.request
 from pathlib import Path
 
 import psutil
+import psycopg2
+from psycopg2 import sql
 
 ROOT = Path(__file__).resolve().parents[3]
 AIRFLOW = Path(sys.executable).with_name("airflow")
@@ -31,6 +38,7 @@ TRAINER_PY = ROOT / ".venv-trainer" / "bin" / "python"
 COMPONENTS = ("api-server", "scheduler", "dag-processor", "triggerer")
 HEALTH = ("metadatabase", "scheduler", "dag_processor", "triggerer")  # /api/v2/monitor/health
 USER, PASSWORD = "admin", "admin-" + secrets.token_hex(4)
+NOTES: list[str] = []  # timings the tests note, printed when the session's deployment stops
 
 
 def free_port() -> int:
@@ -94,8 +102,106 @@ class Api:
         return self.call("PATCH", "/api/v2" + path, body, **kw)
 
 
-def deployment_env(home: Path, port: int) -> dict[str, str]:
-    """The environment of every component: ``test_dag_e2e``'s plus what a running deployment needs."""
+MACHINE_PORT = 5432  # the machine's own server, if one answers on 127.0.0.1 (trust, user postgres)
+
+
+class NoPostgres(RuntimeError):
+    """Neither the machine's PostgreSQL nor a private server can be had."""
+
+
+def connect(port: int, dbname: str = "postgres"):
+    """A connection to 127.0.0.1:``port`` as ``postgres`` without a password, in autocommit mode
+    (CREATE and DROP DATABASE run outside a transaction)."""
+    conn = psycopg2.connect(host="127.0.0.1", port=port, user="postgres", dbname=dbname, connect_timeout=5)
+    conn.autocommit = True
+    return conn
+
+
+def server_binaries() -> Path | None:
+    """The folder of PostgreSQL's server programs (initdb, pg_ctl, postgres): pg_ctl's on PATH,
+    else the newest of Debian's /usr/lib/postgresql/<major>/bin, which the `postgresql` package
+    does not put on PATH."""
+    found = [Path(p).resolve().parent for p in filter(None, [shutil.which("pg_ctl")])]
+    found += sorted((p.parent for p in Path("/usr/lib/postgresql").glob("*/bin/pg_ctl") if p.parts[-3].isdigit()),
+                    key=lambda b: -int(b.parent.name))
+    return next((b for b in found if all((b / n).is_file() for n in ("initdb", "pg_ctl", "postgres"))), None)
+
+
+class PrivateServer:
+    """A throw-away PostgreSQL cluster from the system's binaries: initdb into a temporary folder,
+    then pg_ctl start on a free port of 127.0.0.1 with trust authentication and without durability
+    (a crash loses nothing a test needs).  As root the programs run as the ``postgres`` system
+    user (``nobody`` without one): initdb refuses to run as root."""
+
+    def __init__(self, bindir: Path):
+        self.bin = bindir
+        self.dir = Path(tempfile.mkdtemp(prefix="hetero-postgres-"))  # not under pytest's 0700 tmp
+        self.port = free_port()
+        self.as_user: dict = {}
+        if os.geteuid() == 0:
+            try:
+                user = pwd.getpwnam("postgres")
+            except KeyError:
+                user = pwd.getpwnam("nobody")
+            os.chown(self.dir, user.pw_uid, user.pw_gid)
+            self.as_user = {"user": user.pw_uid, "group": user.pw_gid, "extra_groups": []}
+
+    def run(self, program: str, *args: str) -> None:
+        done = subprocess.run([str(self.bin / program), *args], cwd=self.dir, capture_output=True, text=True,
+                              timeout=120, **self.as_user)
+        if done.returncode:
+            log = self.dir / "server.log"
+            raise RuntimeError(f"{program} {' '.join(args)}: exit {done.returncode}\n{done.stdout[-2000:]}"
+                               f"{done.stderr[-2000:]}{log.read_text()[-2000:] if log.exists() else ''}")
+
+    def start(self) -> None:
+        data = str(self.dir / "data")
+        self.run("initdb", "-D", data, "-U", "postgres", "--auth=trust", "--no-locale", "-E", "UTF8", "--no-sync")
+        options = (f"-p {self.port} -c listen_addresses=127.0.0.1 -k {self.dir} "
+                   "-c fsync=off -c synchronous_commit=off -c full_page_writes=off")
+        self.run("pg_ctl", "-D", data, "-l", str(self.dir / "server.log"), "-o", options, "-w", "-t", "60", "start")
+
+    def stop(self) -> None:
+        if (self.dir / "data" / "postmaster.pid").exists():
+            self.run("pg_ctl", "-D", str(self.dir / "data"), "-m", "immediate", "-w", "stop")
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def postgres_database(prefix: str = "hetero_airflow"):
+    """``(SQLAlchemy URL, where)`` of a new, empty database, dropped at the end: on the machine's
+    own server when one answers on 127.0.0.1:5432, else on a :class:`PrivateServer`, stopped and
+    removed at the end.  Raises :class:`NoPostgres` when neither can be had."""
+    try:
+        connect(MACHINE_PORT).close()
+        server, port, where = None, MACHINE_PORT, "the machine's server on 127.0.0.1:5432"
+    except psycopg2.OperationalError as e:
+        bindir = server_binaries()
+        if bindir is None:
+            raise NoPostgres(
+                f"no PostgreSQL answers on 127.0.0.1:5432 as user postgres without a password ({str(e).strip()}) "
+                "and no server programs (initdb, pg_ctl) are installed; `make setup` installs Debian's "
+                "postgresql package") from e
+        server = PrivateServer(bindir)
+        port, where = server.port, f"a private server from {bindir} on 127.0.0.1:{server.port}"
+    name = f"{prefix}_{os.getpid()}_{secrets.token_hex(4)}"
+    try:
+        if server:
+            server.start()
+        with contextlib.closing(connect(port)) as conn, conn.cursor() as cur:
+            cur.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+        yield f"postgresql+psycopg2://postgres@127.0.0.1:{port}/{name}", where
+    finally:
+        if server:
+            server.stop()
+        else:
+            with contextlib.closing(connect(port)) as conn, conn.cursor() as cur:
+                cur.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
+
+
+def deployment_env(home: Path, port: int, database: str) -> dict[str, str]:
+    """The environment of every component: ``test_dag_e2e``'s plus what a running deployment needs,
+    the metadata database ``database`` (a SQLAlchemy URL) first."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("AIRFLOW__", "HETERO_"))}
     base = f"http://127.0.0.1:{port}"
     env.update({
@@ -105,8 +211,9 @@ def deployment_env(home: Path, port: int) -> dict[str, str]:
         "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
         "HETERO_TRAINER_PYTHON": str(TRAINER_PY),
         "PYTHONPATH": os.pathsep.join([str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])]),
+        "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": database,  # the async URL follows (asyncpg)
         "AIRFLOW__CORE__EXECUTOR": "LocalExecutor",
-        "AIRFLOW__CORE__PARALLELISM": "2",  # the DAG is a chain; two cores
+        "AIRFLOW__CORE__PARALLELISM": "2",  # tasks of two runs, or two mapped tasks, at once; two cores
         "AIRFLOW__CORE__DAGBAG_IMPORT_TIMEOUT": "120",
         "AIRFLOW__DAG_PROCESSOR__DAG_FILE_PROCESSOR_TIMEOUT": "180",
         "AIRFLOW__DAG_PROCESSOR__REFRESH_INTERVAL": "5",
@@ -119,6 +226,8 @@ def deployment_env(home: Path, port: int) -> dict[str, str]:
         "AIRFLOW__API__SECRET_KEY": secrets.token_hex(16),
         "AIRFLOW__LOGGING__WORKER_LOG_SERVER_PORT": str(free_port()),
         "AIRFLOW__LOGGING__TRIGGER_LOG_SERVER_PORT": str(free_port()),
+        # A retry waits 5 s at most, not the DAG's 30 s and more (retry_delay, exponential back-off).
+        "AIRFLOW__CORE__MAX_TASK_RETRY_DELAY": "5",
         # The DAG has a schedule (for backfills) but the scheduler creates no timed runs: today's
         # interval would run the default job.  Manual runs and backfills run as usual.
         "HETERO_TRAIN_SCHEDULE": "@daily",
@@ -130,10 +239,10 @@ def deployment_env(home: Path, port: int) -> dict[str, str]:
 class Airflow:
     """The four components of one deployment; :meth:`start`, then :attr:`api`, then :meth:`stop`."""
 
-    def __init__(self, home: Path):
+    def __init__(self, home: Path, database: str):
         self.home = home
         self.port = free_port()
-        self.env = deployment_env(home, self.port)
+        self.env = deployment_env(home, self.port, database)
         self.api = Api(f"http://127.0.0.1:{self.port}")
         self.procs: dict[str, subprocess.Popen] = {}
         self.seen: dict[int, psutil.Process] = {}

@@ -1,15 +1,15 @@
 """The main DAG as users run it: a real Airflow deployment (api-server, scheduler, dag-processor
-and triggerer as processes, SQLite, LocalExecutor; see ``real_airflow``) driven only through its
-REST API, not through ``airflow dags test``: a triggered run, bad params, a backfill on the DAG's
-daily schedule, and a task process killed while its ranks train.
+and triggerer as processes, PostgreSQL, LocalExecutor; see ``real_airflow``) driven only through
+its REST API, not through ``airflow dags test``: a triggered run, bad params, a backfill of six
+days on the DAG's daily schedule with two runs at a time, a task process killed while its ranks
+train, and the profiling DAG's mapped sweeps.
 
-The components start once for the module; every process they start is stopped at the end, even
-when a test fails.  The module prints how long it took (about 6.5 minutes on two busy cores).
+The tests share one deployment (the session fixture ``airflow`` in conftest.py); every process it
+starts is stopped at the end, even when a test fails.  The session prints how long it took.
 """
 
 from __future__ import annotations
 
-import contextlib
 import datetime as dt
 import json
 import os
@@ -25,6 +25,7 @@ from pipelines.stores.rundir import RunDir
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from real_airflow import (  # noqa: E402 (the helper beside this file)
+    NOTES,
     ROOT,
     TRAINER_PY,
     Airflow,
@@ -44,29 +45,6 @@ DAYS = ["2026-01-01", "2026-01-02", "2026-01-03"]  # what generate-data writes b
 RUN_TIMEOUT = 900  # one run takes about a minute here; a busy machine can be much slower
 
 
-@pytest.fixture(scope="module")
-def airflow(tmp_path_factory, request):
-    """The running deployment, with the DAG unpaused once the dag-processor serialized it."""
-    started = time.monotonic()
-    deployment = Airflow(tmp_path_factory.mktemp("airflow-home"))
-    try:
-        deployment.start()
-        deployment.wait(lambda: deployment.api.call("GET", f"/api/v2/dags/{DAG}/details", ok=None).get("dag_id"),
-                        300, f"the dag-processor to serialize {DAG}")
-        deployment.api.patch(f"/dags/{DAG}", {"is_paused": False})
-        yield deployment
-    finally:
-        killed = deployment.stop()
-        left = deployment.processes()
-        NOTES.append(f"real Airflow module: {time.monotonic() - started:.0f} s; components stopped, "
-                     f"{len(killed)} process(es) needed SIGKILL")
-        show(request, NOTES)
-        assert not left, f"processes of the deployment still running after stop: {left}"
-
-
-NOTES: list[str] = []  # timings, printed when the module ends
-
-
 @pytest.fixture(autouse=True)
 def timed(request):
     started = time.monotonic()
@@ -74,30 +52,35 @@ def timed(request):
     NOTES.append(f"{request.node.name}: {time.monotonic() - started:.0f} s")
 
 
-def show(request, lines: list[str]) -> None:
-    """Print ``lines`` on the terminal, past pytest's output capture."""
-    capture = request.config.pluginmanager.get_plugin("capturemanager")
-    with capture.global_and_fixture_disabled() if capture else contextlib.nullcontext():
-        print("\n" + "\n".join(lines), flush=True)
+def generate(out: Path, days: list[str], rows_per_day: int = 400) -> Path:
+    """The sample dataset: one partition a day from ``days[0]``."""
+    gen = subprocess.run(
+        [str(TRAINER_PY), "-m", "pipelines", "generate-data", "--out", str(out), "--rows-per-day", str(rows_per_day),
+         "--days", str(len(days)), "--start", days[0]],
+        capture_output=True, text=True, timeout=120, cwd=str(ROOT),
+    )
+    assert gen.returncode == 0, gen.stderr[-2000:]
+    assert sorted(p.name for p in out.iterdir()) == [f"dt={d}" for d in days]
+    return out
 
 
 @pytest.fixture(scope="module")
 def dataset(tmp_path_factory):
-    out = tmp_path_factory.mktemp("data") / "shapes"
-    gen = subprocess.run(
-        [str(TRAINER_PY), "-m", "pipelines", "generate-data", "--out", str(out), "--rows-per-day", "400", "--days", "3"],
-        capture_output=True, text=True, timeout=120, cwd=str(ROOT),
-    )
-    assert gen.returncode == 0, gen.stderr[-2000:]
-    assert sorted(p.name for p in out.iterdir()) == [f"dt={d}" for d in DAYS]
-    return out
+    return generate(tmp_path_factory.mktemp("data") / "shapes", DAYS)
 
 
-def job(dataset: Path, artifacts: Path, epochs: int = 1, **dataset_fields) -> dict:
+@pytest.fixture(scope="module")
+def bank(tmp_path_factory) -> Path:
+    """One profile bank for every run, as in a deployment: the first run times the model on each
+    device type (half a minute), the others predict from its measurements."""
+    return tmp_path_factory.mktemp("profiles")
+
+
+def job(dataset: Path, artifacts: Path, bank: Path, epochs: int = 1, **dataset_fields) -> dict:
     """A run's conf: the tiny dataset, a fixed learning rate (no range test), short training."""
     return {"dataset": {"uri": str(dataset), **dataset_fields},
             "training": {"epochs": epochs, "global_batch": 64, "learning_rate": 0.05},
-            "artifact_root": str(artifacts)}
+            "artifact_root": str(artifacts), "estimate": {"profile_bank": str(bank)}}
 
 
 def trigger(airflow: Airflow, conf: dict) -> str:
@@ -142,9 +125,9 @@ def task_log(airflow: Airflow, run_id: str, task_id: str, try_number: int) -> st
     return "\n".join(json.dumps(line) if not isinstance(line, str) else line for line in answer["content"])
 
 
-def test_a_run_triggered_over_the_rest_api_publishes_and_promotes_a_version(airflow, dataset, tmp_path):
+def test_a_run_triggered_over_the_rest_api_publishes_and_promotes_a_version(airflow, dataset, bank, tmp_path):
     artifacts = tmp_path / "artifacts"
-    run_id = trigger(airflow, job(dataset, artifacts))
+    run_id = trigger(airflow, job(dataset, artifacts, bank))
     run = wait_for_run(airflow, run_id)
     states = task_states(airflow, run_id)
     assert run["state"] == "success", states
@@ -163,11 +146,11 @@ def test_a_run_triggered_over_the_rest_api_publishes_and_promotes_a_version(airf
     ]
 
 
-def test_bad_params_are_refused_by_the_api_or_by_the_first_task(airflow, dataset, tmp_path):
+def test_bad_params_are_refused_by_the_api_or_by_the_first_task(airflow, dataset, bank, tmp_path):
     artifacts = tmp_path / "artifacts"
     runs_before = airflow.api.get(f"/dags/{DAG}/dagRuns")["total_entries"]
     # A wrong type: the API validates the conf against the DAG's params and creates no run.
-    conf = job(dataset, artifacts)
+    conf = job(dataset, artifacts, bank)
     conf["training"]["epochs"] = "three"
     with pytest.raises(ApiError) as refused:
         airflow.api.post(f"/dags/{DAG}/dagRuns", {"logical_date": None, "conf": conf})
@@ -177,7 +160,7 @@ def test_bad_params_are_refused_by_the_api_or_by_the_first_task(airflow, dataset
     assert airflow.api.get(f"/dags/{DAG}/dagRuns")["total_entries"] == runs_before
     # A misspelt top-level key: Airflow takes the run (it merges conf into params), and the first
     # task fails on its first try, naming the key, without retries and before any work.
-    conf = job(dataset, artifacts)
+    conf = job(dataset, artifacts, bank)
     conf["trainig"] = conf.pop("training")
     run_id = trigger(airflow, conf)
     assert wait_for_run(airflow, run_id)["state"] == "failed"
@@ -190,37 +173,52 @@ def test_bad_params_are_refused_by_the_api_or_by_the_first_task(airflow, dataset
     assert not (artifacts / DAG).exists()  # nothing was started or written
 
 
-def post_when_unlocked(airflow, path: str, body: dict, tries: int = 6):
-    """POST, again after a pause while the api-server answers 503 "Database is locked": on SQLite
-    Airflow refuses to create a backfill while the scheduler holds the database, and says to retry."""
-    for attempt in range(tries - 1):
-        try:
-            return airflow.api.post(path, body)
-        except ApiError as e:
-            if e.status != 503:
-                raise
-            time.sleep(2 + 2 * attempt)
-    return airflow.api.post(path, body)
+BACKFILL_DAYS = [f"2026-02-{d:02d}" for d in range(1, 7)]  # six intervals of the @daily schedule
 
 
-def test_a_backfill_trains_each_day_on_its_own_partition(airflow, dataset, tmp_path):
-    """Three days of the DAG's daily schedule (HETERO_TRAIN_SCHEDULE=@daily), one run at a time."""
+def most_at_once(runs: list[dict]) -> int:
+    """The most runs that were running at the same moment, from their start and end dates."""
+    edges = sorted((dt.datetime.fromisoformat(r[key]), step) for r in runs
+                   for key, step in (("start_date", 1), ("end_date", -1)))  # an end before a start at a tie
+    running = peak = 0
+    for _, step in edges:
+        running += step
+        peak = max(peak, running)
+    return peak
+
+
+def test_a_backfill_of_six_days_runs_two_at_a_time_each_on_its_own_partition_and_folder(airflow, bank, tmp_path):
+    """The load of a real deployment catching up: six days of the DAG's daily schedule
+    (HETERO_TRAIN_SCHEDULE=@daily) backfilled with two runs active at once, publishing a version
+    a day.  Every task succeeds on its first try, each run trains on its own day's partition in a
+    folder of its own, and the concurrent publishes make six distinct versions."""
+    data = generate(tmp_path / "data", BACKFILL_DAYS)
     artifacts = tmp_path / "artifacts"
-    conf = job(dataset, artifacts, use_data_interval=True)
-    backfill = post_when_unlocked(airflow, "/backfills", {
-        "dag_id": DAG, "from_date": f"{DAYS[0]}T00:00:00Z", "to_date": f"{DAYS[-1]}T00:00:00Z",
-        "max_active_runs": 1, "dag_run_conf": conf,
+    conf = job(data, artifacts, bank, use_data_interval=True)
+    # Publish only: with auto promotion, a run whose promoted version changed after its analyze
+    # compared (the other run promoted in between) fails its promote stage without a retry.
+    conf["promotion"] = {"mode": "never"}
+    backfill = airflow.api.post("/backfills", {
+        "dag_id": DAG, "from_date": f"{BACKFILL_DAYS[0]}T00:00:00Z", "to_date": f"{BACKFILL_DAYS[-1]}T00:00:00Z",
+        "max_active_runs": 2, "dag_run_conf": conf,
     })
-    airflow.wait(lambda: airflow.api.get(f"/backfills/{backfill['id']}")["completed_at"], 3 * RUN_TIMEOUT,
-                 f"backfill {backfill['id']} to complete", every=5)
-    runs = [r for r in airflow.api.get(f"/dags/{DAG}/dagRuns?limit=100")["dag_runs"] if r["run_type"] == "backfill"]
-    runs.sort(key=lambda r: r["start_date"])
-    assert [r["state"] for r in runs] == ["success"] * 3, [(r["dag_run_id"], r["state"]) for r in runs]
-    assert [r["logical_date"][:10] for r in runs] == DAYS  # forwards, one day each
-    for before, after in zip(runs, runs[1:]):  # max_active_runs 1: one after the other
-        assert after["start_date"] >= before["end_date"]
+    assert backfill["max_active_runs"] == 2, backfill
+
+    def ended():  # the scheduler sets the backfill's completed_at only every 30 s: wait on its runs
+        runs = [r for r in airflow.api.get(f"/dags/{DAG}/dagRuns?limit=100")["dag_runs"] if r["run_type"] == "backfill"]
+        return len(runs) == 6 and all(r["state"] in ("success", "failed") for r in runs) and runs
+
+    runs = sorted(airflow.wait(ended, 3 * RUN_TIMEOUT, f"the runs of backfill {backfill['id']} to end", every=3),
+                  key=lambda r: r["logical_date"])
+    assert [r["state"] for r in runs] == ["success"] * 6, [(r["dag_run_id"], r["state"]) for r in runs]
+    assert [r["logical_date"][:10] for r in runs] == BACKFILL_DAYS  # one run a day
+    for run in runs:  # no failed task, not even a failed try that a retry hid
+        states = task_states(airflow, run["dag_run_id"])
+        assert states == {t: ("success", 1) for t in TASKS}, (run["dag_run_id"], states)
+    assert most_at_once(runs) == 2  # max_active_runs: two at once, never more
+    NOTES.append(f"backfill of {len(runs)} days, two at a time: {most_at_once(runs)} runs at once at most")
     versions, run_dirs = [], set()
-    for run, day in zip(runs, DAYS):
+    for run, day in zip(runs, BACKFILL_DAYS):
         run_dir = RunDir.for_run(str(artifacts), DAG, run["dag_run_id"]).root
         run_dirs.add(run_dir)
         preload = json.loads((run_dir / "preload" / "result.json").read_text())
@@ -231,8 +229,9 @@ def test_a_backfill_trains_each_day_on_its_own_partition(airflow, dataset, tmp_p
         metadata = json.loads((Path(publish["uri"]) / "metadata.json").read_text())
         assert metadata["run_id"] == run["dag_run_id"] and metadata["data_interval"]["start"][:10] == day
         versions.append((publish["published_at"], publish["version"]))
-    assert len(run_dirs) == 3  # each run in its own folder
-    assert versions == sorted(versions) and [v for _, v in versions] == ["v0001", "v0002", "v0003"]
+    assert len(run_dirs) == 6 and set((artifacts / DAG).iterdir()) == run_dirs  # each run in its own folder
+    # six distinct versions, numbered in the order the concurrent runs published them
+    assert [v for _, v in sorted(versions)] == [f"v{i:04d}" for i in range(1, 7)], versions
 
 
 def train_ranks(run_id: str, try_number: int) -> list[int]:
@@ -240,12 +239,12 @@ def train_ranks(run_id: str, try_number: int) -> list[int]:
     return processes_with_env(HETERO_RUN=f"{DAG}/{run_id}", HETERO_STAGE="train", HETERO_TRY=str(try_number))
 
 
-def test_killing_a_training_task_stops_its_ranks_and_the_retry_finishes_the_run(airflow, dataset, tmp_path):
+def test_killing_a_training_task_stops_its_ranks_and_the_retry_finishes_the_run(airflow, dataset, bank, tmp_path):
     """SIGKILL the train task's process (the ``airflow worker -- <ti id>`` process that runs the
     operator) while its ranks train: the stage and its ranks end with it (parent-death signal),
     Airflow fails the try and the retry finishes the run."""
     artifacts = tmp_path / "artifacts"
-    run_id = trigger(airflow, job(dataset, artifacts, epochs=60))  # 17 steps an epoch
+    run_id = trigger(airflow, job(dataset, artifacts, bank, epochs=20))  # 17 steps an epoch
     run_dir = RunDir.for_run(str(artifacts), DAG, run_id).root
 
     def training():  # the plan's ranks, past their first epoch's checkpoint
@@ -279,7 +278,7 @@ def test_killing_a_training_task_stops_its_ranks_and_the_retry_finishes_the_run(
     assert "Process terminated by signal" in task_log(airflow, run_id, "train", 1)
     assert "of an earlier try" not in task_log(airflow, run_id, "train", 2)
     train = result(airflow, run_id, "train")  # the retry went on from the killed try's checkpoint
-    assert train["epochs"] == 60 and train["resumed_from_step"] > 0, train
+    assert train["epochs"] == 20 and train["resumed_from_step"] > 0, train
     assert result(airflow, run_id, "publish")["version"] == "v0001"
     waited = dt.datetime.fromisoformat(tries[1]["start_date"]) - dt.datetime.fromisoformat(tries[0]["end_date"])
     assert waited.total_seconds() > 0
@@ -291,9 +290,6 @@ def test_profile_pool_maps_a_sweep_per_device_type_and_updates_the_bank_asset(ai
     returning its own line, the probe, the fit and its Asset event; the rows land in the bank."""
     artifacts = tmp_path / "artifacts"
     conf = {"size": "tiny", "artifact_root": str(artifacts), "reference_runs": False}
-    airflow.wait(lambda: airflow.api.call("GET", "/api/v2/dags/profile_pool/details", ok=None).get("dag_id"),
-                 300, "the dag-processor to serialize profile_pool")
-    airflow.api.patch("/dags/profile_pool", {"is_paused": False})  # new DAGs start paused
     run = airflow.api.post("/dags/profile_pool/dagRuns", {"logical_date": None, "conf": conf})
     path = f"/dags/profile_pool/dagRuns/{quote(run['dag_run_id'])}"
 
