@@ -37,8 +37,8 @@ class ModelSpec(Strict):
     name: str = Field(
         "small_cnn",
         description='A named example model ("small_cnn", "tiny_mlp", "conv_net") or "package.module:build_function": '
-        "a function of input_shape, num_classes and the kwargs below that returns an uncompiled Keras model "
-        "with one logit per class.",
+        "a function of input_shape, num_classes and model.kwargs that returns an uncompiled Keras model with "
+        "one logit per class.",
     )
     kwargs: dict[str, Any] = Field(
         default_factory=dict, description="Keyword arguments passed to the build function."
@@ -89,7 +89,7 @@ class DatasetSpec(Strict):
     use_data_interval: bool = Field(
         False,
         description="Train only on partitions inside the run's data interval (scheduled runs, backfills); a run "
-        "without a data interval fails. Unset (and no partition_filter): every partition.",
+        "without a data interval fails. False (and no partition_filter): every partition.",
     )
     holdout_fraction: float = Field(0.1, gt=0, lt=0.5, description="Share of rows held out for evaluation.")
 
