@@ -11,7 +11,7 @@ Profiles are predicted from the bank first: no run is needed for a device type t
 where the bank has no measurement of this model; ``always``; ``never``): for ``launcher: local``
 one process per device type, pinned and capped like its ranks; for ``launcher: kubernetes`` one
 pod per device type with that type's resources and placement, started in parallel by the Airflow
-task before this stage (``hetero.kubernetes_calibration``), each writing
+task before this stage (``hetero.runners.gang_runner.calibration_job``), each writing
 ``estimate/calibration/profile-<device>.json`` into the run directory.  The measurements go into
 the bank and correct the prediction (:mod:`pipelines.estimate.predict`).  A
 ``<pool stem>.profiles.json`` beside the pool file counts as such measurements (device type name

@@ -1,7 +1,7 @@
 """The ``train`` stage: start the plan's ranks with the local launcher and return rank 0's result.
 
 On Kubernetes the same rank command runs in one pod per rank, started by the Airflow operator
-(``plugins/hetero/kubernetes_job.py``); this stage is the local path.  Either way rank 0 of the
+(``plugins/hetero/runners/gang_runner.py``); this stage is the local path.  Either way rank 0 of the
 trainer writes and prints the result (``pipelines.train.result``); this stage adds only what the
 local launcher knows: ``quota_enforced`` and ``launcher_seconds``.
 """

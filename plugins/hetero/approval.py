@@ -15,7 +15,7 @@ from typing import Any
 
 from airflow.providers.standard.operators.hitl import ApprovalOperator
 
-from hetero.stage_runner import validate_params
+from hetero.task_context import validate_params
 
 SUBJECT = "Promote the new model version?"
 

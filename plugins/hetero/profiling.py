@@ -6,12 +6,12 @@ Each task runs one command of :mod:`pipelines.core.profiling_commands` and retur
 exit 2 (bad input) fails the task without retries, anything else is retried:
 
 - ``launcher: local``: the command runs as a subprocess in the trainer environment
-  (:class:`hetero.stage_runner.LocalCommand`, as the stages do).  ``python -m pipelines profile``
+  (:class:`hetero.runners.local_runner.LocalCommandRunner`, as the stages do).  ``python -m pipelines profile``
   pins and caps the sweep as the device type says.  Sweeps on one machine would disturb each
   other's timings, so each holds a machine-wide lock file while it runs (:func:`sweep_lock`); the
   allreduce probe holds it too.
 - ``launcher: kubernetes``: each sweep is a pod of its own with its device type's resources and
-  placement, in parallel (:class:`hetero.kubernetes_profile.ProfilePodOperator`), and so is the fit.
+  placement, in parallel (a gang of one pod, :func:`hetero.runners.gang_runner.profile_job`), and so is the fit.
   The allreduce probe is skipped: it measures a local pool's cores.
 """
 
@@ -19,17 +19,25 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import difflib
 import fcntl
+import json
 import os
 import tempfile
 import time
 from collections.abc import Iterator
+from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
 
-from airflow.sdk import BaseOperator
+from airflow.sdk import BaseOperator, Param
+from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
 
-from hetero.stage_runner import PROJECT_ROOT, LocalCommand, stage_context, trainer_python
+from hetero.operators import RunnerOperator, no_retry_for_bad_ranks
+from hetero.params import default_job, job_params
+from hetero.runners.base import Runner
+from hetero.runners.local_runner import LocalCommandRunner, trainer_python
+from hetero.task_context import PROJECT_ROOT, stage_context
 from pipelines.core.profiling_commands import (
     DEFAULT_SIZE,
     SIZES,
@@ -67,10 +75,6 @@ def profile_params() -> dict:
     """The DAG's Params: ``pool``, ``launcher``, ``artifact_root`` and ``kubernetes`` exactly as the
     training DAG's form has them (schema and defaults from the job spec), plus ``size`` and
     ``profile_bank``."""
-    from airflow.sdk import Param
-
-    from hetero.params import job_params
-
     job = job_params()
     params = {name: job[name] for name in SPEC_PARAMS}
     params["size"] = Param(
@@ -110,8 +114,6 @@ class ProfileRun:
 def profile_run(params: dict) -> ProfileRun:
     """The run's params checked as the job spec checks them; :class:`SpecError` names each bad
     field, a misspelt key (Airflow merges a run's conf into its params) and a pool that cannot be read."""
-    import difflib
-
     unknown = sorted(set(params) - set(PARAMS))
     if unknown:
         lines = [f"profile_pool params: {len(unknown)} unknown field(s)"]
@@ -119,8 +121,6 @@ def profile_run(params: dict) -> ProfileRun:
             close = difflib.get_close_matches(key, list(PARAMS), n=1)
             lines.append(f"  {key}: unknown field" + (f" (did you mean {close[0]!r}?)" if close else ""))
         raise SpecError("\n".join(lines))
-    from hetero.params import default_job
-
     pool = _pool_path(params.get("pool") or default_job()["pool"])
     doc = {**default_job(), "pool": pool}  # the dataset is the form's default: a sweep reads none
     doc.update({k: params[k] for k in ("launcher", "artifact_root", "kubernetes") if params.get(k) is not None})
@@ -135,8 +135,6 @@ def _pool_path(pool: Any) -> str:
     """A pool file path as the trainer environment reads it: relative paths under the project root,
     where local commands run (inline JSON as it is)."""
     if isinstance(pool, dict):
-        import json
-
         return json.dumps(pool)
     text = str(pool).strip()
     if text.startswith("{") or Path(text).is_absolute():
@@ -146,8 +144,6 @@ def _pool_path(pool: Any) -> str:
 
 def checked_run(context) -> ProfileRun:
     """:func:`profile_run` of the task's params; bad params fail the task without retries."""
-    from airflow.sdk.exceptions import AirflowFailException
-
     try:
         return profile_run(context["params"])
     except SpecError as e:
@@ -158,10 +154,6 @@ def checked_run(context) -> ProfileRun:
 def fail_bad_input() -> Iterator[None]:
     """A bad device type or Kubernetes setting (:class:`SpecError`), or a pod that exited 2, fails
     the task without retries: the next try would meet the same input."""
-    from airflow.sdk.exceptions import AirflowFailException
-
-    from hetero.operators import no_retry_for_bad_ranks
-
     try:
         with no_retry_for_bad_ranks():
             yield
@@ -212,7 +204,7 @@ class PoolDeviceTypesOperator(BaseOperator):
         return names
 
 
-class _ProfileTask(BaseOperator):
+class _ProfileTask(RunnerOperator):
     """What the profiling tasks share: a local command in the trainer environment, or a pod."""
 
     lock_poll_s = 2.0  # how often a local task waiting for the sweep lock tries again
@@ -220,26 +212,24 @@ class _ProfileTask(BaseOperator):
     def __init__(self, *, poll_interval: float = 5.0, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.poll_interval = poll_interval
-        self._delegate: Any = None
 
-    def pod_operator(self, run: ProfileRun, *, deferrable: bool, **kwargs: Any) -> Any:
-        from hetero.kubernetes_profile import ProfilePodOperator
+    def guard(self) -> AbstractContextManager:
+        return fail_bad_input()
 
-        return ProfilePodOperator(task_id=self.task_id, spec_json=run.spec.to_json(), deferrable=deferrable,
-                                  poll_interval=self.poll_interval, **kwargs)
+    def local_runner(self, what: str, cmd: list[str], *, lock: bool) -> Runner:
+        """``cmd`` as a subprocess; with ``lock``, holding the machine-wide sweep lock (:func:`sweep_lock`)."""
+        hold = (lambda: sweep_lock(what, poll_s=self.lock_poll_s, log=self.log)) if lock else contextlib.nullcontext
+        return LocalCommandRunner(what, cmd, hold)
 
-    def run_local(self, what: str, cmd: list[str], *, lock: bool) -> dict:
-        self._delegate = LocalCommand(what)
-        if not lock:
-            return self._delegate.run_command(cmd)
-        with sweep_lock(what, poll_s=self.lock_poll_s, log=self.log):
-            return self._delegate.run_command(cmd)
+    def pod_runner(self, run: ProfileRun, device: str | None = None, *, source: str | None = None) -> Runner:
+        """The sweep on ``device`` (none: the bank's fit) as a gang of one pod."""
+        # Imported here: the gang runner imports the cncf.kubernetes provider (about 1.7 s), which
+        # the parse of the DAG file, and local runs, would otherwise pay.
+        from hetero.runners import gang_runner
 
-    def on_kill(self) -> None:
-        if isinstance(self._delegate, LocalCommand):
-            self._delegate.kill()  # the command's whole process group
-        elif self._delegate is not None:
-            self._delegate.on_kill()  # the pod
+        job = gang_runner.profile_job(run.spec, device, size=run.size, source=source)
+        return gang_runner.GangRunner(job, run.spec, deferrable=run.spec.kubernetes.deferrable,
+                                      poll_interval=self.poll_interval, log=self.log)
 
 
 class ProfileSweepOperator(_ProfileTask):
@@ -257,25 +247,14 @@ class ProfileSweepOperator(_ProfileTask):
         super().__init__(**kwargs)
         self.device = device
 
-    def execute(self, context) -> dict:
+    def make_runner(self, context) -> Runner:
         run = checked_run(context)
         ctx = stage_context(context)
         source = sweep_source(ctx.dag_id, ctx.run_id)
-        if run.spec.launcher == "local":
-            cmd = profile_command(run.pool, self.device, run.size, bank=run.bank, source=source,
-                                  python=trainer_python())
-            return self.run_local(f"profiling sweep on {self.device!r}", cmd, lock=True)
-        with fail_bad_input():
-            self._delegate = self.pod_operator(run, deferrable=run.spec.kubernetes.deferrable,
-                                               device=self.device, size=run.size, source=source)
-            return self._delegate.execute(context)
-
-    def execute_complete(self, context, event: dict) -> dict:
-        """Resume after the deferred wait for the sweep's pod (``kubernetes.deferrable``)."""
-        run = checked_run(context)
-        with fail_bad_input():
-            self._delegate = self.pod_operator(run, deferrable=True, device=self.device, size=run.size)
-            return self._delegate.execute_complete(context, event)
+        if run.spec.launcher != "local":
+            return self.pod_runner(run, self.device, source=source)
+        cmd = profile_command(run.pool, self.device, run.size, bank=run.bank, source=source, python=trainer_python())
+        return self.local_runner(f"profiling sweep on {self.device!r}", cmd, lock=True)
 
 
 class AllreduceProbeOperator(_ProfileTask):
@@ -285,9 +264,7 @@ class AllreduceProbeOperator(_ProfileTask):
 
     ui_color = "#e8f2e0"
 
-    def execute(self, context) -> dict:
-        from airflow.sdk.exceptions import AirflowSkipException
-
+    def make_runner(self, context) -> Runner:
         run = checked_run(context)
         if run.spec.launcher != "local":
             raise AirflowSkipException("the allreduce probe places ranks on a local pool's cores; "
@@ -295,7 +272,7 @@ class AllreduceProbeOperator(_ProfileTask):
         if sum(d.count for d in load_pool(run.pool).device_types) < 2:
             raise AirflowSkipException(f"pool {run.pool} has one device: no allreduce to measure")
         cmd = probe_allreduce_command(run.pool, bank=run.bank, python=trainer_python())
-        return self.run_local("allreduce probe", cmd, lock=True)
+        return self.local_runner("allreduce probe", cmd, lock=True)
 
 
 class ReferenceRunsOperator(_ProfileTask):
@@ -305,9 +282,7 @@ class ReferenceRunsOperator(_ProfileTask):
 
     ui_color = "#e8f2e0"
 
-    def execute(self, context) -> dict:
-        from airflow.sdk.exceptions import AirflowSkipException
-
+    def make_runner(self, context) -> Runner:
         run = checked_run(context)
         if run.spec.launcher != "local":
             raise AirflowSkipException("reference runs train on a local pool; on Kubernetes the first training runs "
@@ -318,7 +293,7 @@ class ReferenceRunsOperator(_ProfileTask):
             raise AirflowSkipException("reference_runs is off")
         cmd = reference_runs_command(run.pool, bank=run.bank, artifact_root=run.spec.artifact_root,
                                      python=trainer_python())
-        return self.run_local("reference runs", cmd, lock=True)
+        return self.local_runner("reference runs", cmd, lock=True)
 
 
 class BankFitOperator(_ProfileTask):
@@ -329,22 +304,12 @@ class BankFitOperator(_ProfileTask):
 
     ui_color = "#e4ecf7"
 
-    def execute(self, context) -> dict:
+    def make_runner(self, context) -> Runner:
         run = checked_run(context)
-        if run.spec.launcher == "local":
-            result = self.run_local("fitting the profile bank", fit_bank_command(run.bank, python=trainer_python()),
-                                    lock=False)
-            return self.finish(context, result)
-        with fail_bad_input():
-            self._delegate = self.pod_operator(run, deferrable=run.spec.kubernetes.deferrable)
-            return self.finish(context, self._delegate.execute(context))
-
-    def execute_complete(self, context, event: dict) -> dict:
-        """Resume after the deferred wait for the fit's pod (``kubernetes.deferrable``)."""
-        run = checked_run(context)
-        with fail_bad_input():
-            self._delegate = self.pod_operator(run, deferrable=True)
-            return self.finish(context, self._delegate.execute_complete(context, event))
+        if run.spec.launcher != "local":
+            return self.pod_runner(run)
+        return self.local_runner("fitting the profile bank", fit_bank_command(run.bank, python=trainer_python()),
+                                 lock=False)
 
     def finish(self, context, result: dict) -> dict:
         """The Assets' events carry the bank and, per device type, the fit's summary (not its laws)."""

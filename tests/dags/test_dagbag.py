@@ -88,7 +88,7 @@ def test_params_validate_like_the_spec():
 
 def test_default_params_are_a_valid_job_spec():
     from hetero.params import job_params
-    from hetero.stage_runner import validate_params
+    from hetero.task_context import validate_params
 
     defaults = {k: p.value for k, p in job_params().items()}
     spec = validate_params(json.loads(json.dumps(defaults)))
@@ -103,7 +103,7 @@ def test_an_unknown_top_level_conf_key_is_refused_naming_it_and_not_retried():
 
     from hetero.operators import PipelineStageOperator
     from hetero.params import job_params
-    from hetero.stage_runner import validate_params
+    from hetero.task_context import validate_params
     from pipelines.spec import SpecError
 
     params = {k: p.value for k, p in job_params().items()}
@@ -113,7 +113,7 @@ def test_an_unknown_top_level_conf_key_is_refused_naming_it_and_not_retried():
     op = PipelineStageOperator(task_id="preload", stage="preload")
     with pytest.raises(AirflowFailException, match="trainig: unknown field"):
         op.execute({"params": params})
-    assert op._delegate is None  # nothing was started
+    assert op.runner is None  # nothing was started
 
 
 @pytest.mark.parametrize("schedule, start, end", [
@@ -145,7 +145,7 @@ def test_fields_with_empty_defaults_are_not_marked_required_in_the_form():
     from airflow.sdk import ParamsDict
 
     from hetero.params import job_params
-    from hetero.stage_runner import validate_params
+    from hetero.task_context import validate_params
 
     params = job_params()
     for name in ("allowed_roots", "model_store"):

@@ -27,7 +27,7 @@ from hetero.profiling import (
     profile_run,
     sweep_lock,
 )
-from hetero.stage_runner import StageProcessError
+from hetero.runners.local_runner import StageProcessError
 from pipelines.core.profiling_commands import fit_bank_command, probe_allreduce_command, profile_command
 from pipelines.spec import SpecError
 

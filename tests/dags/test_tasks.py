@@ -82,10 +82,10 @@ def test_stage_links_come_from_the_result(monkeypatch, tmp_path):
 
 
 def test_a_finished_task_keeps_its_links_and_the_publish_task_announces_the_version(monkeypatch):
-    from hetero import operators
+    from hetero.runners.local_runner import LocalStage
 
     result = {"model": "cnn", "version": "v0004", "uri": "/store/cnn/v0004"}
-    monkeypatch.setattr(operators.LocalStage, "run", lambda self: result)
+    monkeypatch.setattr(LocalStage, "run", lambda self: result)
     asset = Asset("x-hetero://models/train_pipeline")
     events = {asset: SimpleNamespace(extra={})}
     op = PipelineStageOperator(task_id="publish", stage="publish", outlets=[asset])

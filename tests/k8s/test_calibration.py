@@ -92,7 +92,7 @@ def _run_dir(cluster, context: dict, doc: dict) -> Path:
 
 
 def _operator(doc: dict):
-    from hetero.kubernetes_calibration import CalibrationPodsOperator
+    from hetero.gang_operators import CalibrationPodsOperator
 
     return CalibrationPodsOperator(task_id="estimate", spec_json=json.dumps(doc), poll_interval=0.5)
 
@@ -117,7 +117,7 @@ def test_calibration_pods_time_the_model_on_every_device_type(cluster, kube, kub
 
 
 def test_a_device_type_no_node_can_take_fails_with_the_schedulers_event(cluster, kube, kube_conn, task_context, tmp_path):
-    from hetero.kubernetes_job import PodStartError
+    from hetero.kube.errors import PodStartError
 
     pool = _pool(tmp_path, {"fast": {"cpu": "1", "memory": "1Gi"}, "huge": {"cpu": "64", "memory": "1Gi"}})
     doc = _spec(cluster, tmp_path, pool, kube_conn)
@@ -131,7 +131,7 @@ def test_a_device_type_no_node_can_take_fails_with_the_schedulers_event(cluster,
 def test_a_failed_calibration_pod_fails_the_task_with_its_exit_code_and_last_lines(
     cluster, kube, kube_conn, task_context, tmp_path
 ):
-    from hetero.kubernetes_job import RankPodFailed
+    from hetero.kube.errors import RankPodFailed
 
     pool = _pool(tmp_path, {"fast": {"cpu": "1", "memory": "1Gi"}})
     doc = _spec(cluster, tmp_path, pool, kube_conn)

@@ -20,7 +20,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "cluster"))
 from fakes import ListLog  # noqa: E402
 from k8s_support import make_context  # noqa: E402
 
-from hetero.kubernetes_job import GangError, HorovodJobOperator, RankPodFailed  # noqa: E402
+from hetero.gang_operators import HorovodJobOperator  # noqa: E402
+from hetero.kube.errors import GangError, RankPodFailed  # noqa: E402
 from hetero.triggers import GangTrigger  # noqa: E402
 
 pytest_plugins = ["testcluster.fixtures"]  # cluster, kube, kube_conn
@@ -53,26 +54,26 @@ def make_operator(tmp_path, conn: str, *, fail: bool = False) -> HorovodJobOpera
                            "scheduling_timeout_s": 30, "image_pull_timeout_s": 30}}
     op = HorovodJobOperator(task_id="train", spec_json=json.dumps(spec), plan=json.dumps(PLAN),
                             poll_interval=0.3, deferrable=True)
-    build = op.build_pods
-
-    def simple_pods(identity):
-        spec_, service, pods = build(identity)
-        for pod in pods:
-            container = pod.spec.containers[0]
-            container.command = ["python", "-c", rank_code(int(pod.metadata.labels["rank"]), fail)]
-            container.args = None
-        return spec_, service, pods
-
-    op.build_pods = simple_pods
     op.log_lines = ListLog()
-    make = op.make_gang
+    make_runner = op.make_runner
 
-    def logged_gang(*args):
-        gang = make(*args)
-        gang.log = op.log_lines
-        return gang
+    def simple_runner(context=None):
+        runner = make_runner(context)
+        runner.log = op.log_lines
+        build = runner.build_pods
 
-    op.make_gang = logged_gang
+        def simple_pods(identity):
+            service, pods = build(identity)
+            for pod in pods:
+                container = pod.spec.containers[0]
+                container.command = ["python", "-c", rank_code(int(pod.metadata.labels["rank"]), fail)]
+                container.args = None
+            return service, pods
+
+        runner.build_pods = simple_pods
+        return runner
+
+    op.make_runner = simple_runner
     return op
 
 
@@ -169,7 +170,7 @@ def test_the_trigger_serializes_to_its_classpath_and_json(tmp_path, kube, kube_c
 
 def stage_operator(tmp_path, conn: str, code: str):
     """A deferrable stage pod whose container runs ``code`` instead of the stage command."""
-    from hetero.kubernetes_stage import StagePodOperator
+    from hetero.stage_pod import StagePodOperator
 
     op = make_operator(tmp_path, conn)  # the same spec
     stage = StagePodOperator(task_id="preload", stage="preload", spec_json=op.spec_json, deferrable=True,

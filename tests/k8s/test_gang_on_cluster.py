@@ -28,7 +28,9 @@ sys.path.insert(0, str(ROOT / "tests" / "cluster"))
 
 from k8s_support import TWO_TYPES_POOL, cluster_spec_doc, preload_on_cluster, wait_for  # noqa: E402
 
-from hetero.kubernetes_job import GangError, HorovodJobOperator, RankPodFailed, identity_from_context  # noqa: E402
+from hetero.gang_operators import HorovodJobOperator  # noqa: E402
+from hetero.kube.errors import GangError, RankPodFailed  # noqa: E402
+from hetero.task_context import identity_from_context  # noqa: E402
 from pipelines.stores.rundir import safe_component  # noqa: E402
 
 pytest_plugins = ["testcluster.fixtures"]  # cluster, kube
@@ -205,8 +207,9 @@ def test_a_worker_that_died_re_attaches_to_its_tries_pods(cluster, kube, kube_co
     context = _context(run_id, 1)
     dead = _operator(spec_doc, run)
     identity = identity_from_context(context)
-    spec, service, pods = dead.build_pods(identity)
-    dead.make_gang(dead.get_core_v1(spec), spec, identity, service, pods).attach_or_create()
+    runner = dead.make_runner()
+    service, pods = runner.build_pods(identity)
+    runner.make_manager(identity, service, pods).attach_or_create()
     del dead  # the worker died: no wait, no cleanup
     first = {p.metadata.name: p.metadata.uid for p in _job_pods(kube, run_id)}
     assert len(first) == 2
@@ -229,7 +232,7 @@ def test_a_worker_that_died_re_attaches_to_its_tries_pods(cluster, kube, kube_co
         done.set()
         watcher.join()
     task_log = capsys.readouterr().out
-    assert again._gang.reattached == sorted(first)
+    assert again.runner.manager.reattached == sorted(first)
     assert f"Re-attaching to 2 existing pod(s) of try 1: {sorted(first)}" in task_log
     assert "Created pod" not in task_log and "All 2 ranks succeeded" in task_log
     assert {name: uids for name, uids in seen.items()} == {name: {uid} for name, uid in first.items()}

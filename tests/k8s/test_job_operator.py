@@ -1,4 +1,5 @@
-"""HorovodJobOperator / HorovodGang against a fake CoreV1Api returning kubernetes model objects."""
+"""HorovodJobOperator (a gang runner with the Horovod kind) against a fake CoreV1Api returning kubernetes
+model objects."""
 
 from __future__ import annotations
 
@@ -22,36 +23,52 @@ from k8s_support import GPU_POOL, make_context
 from kubernetes.client import ApiClient
 from restricted import restricted_violations
 
-from hetero.kubernetes_job import (
-    GangError,
-    HorovodJobOperator,
-    PodStartError,
-    RankPodFailed,
-    build_pod,
-    identity_from_context,
-)
+from hetero.gang_operators import HorovodJobOperator
+from hetero.kube.errors import GangError, PodStartError, RankPodFailed
+from hetero.kube.pods import build_pod
+from hetero.runners.gang_runner import GangRunner
+from hetero.task_context import identity_from_context
 from pipelines.core.stages import rank_command
 from pipelines.spec import load_pool
+
+
+def on_fake(op, fake: FakeCoreV1, gang=lambda gang: gang):
+    """``op``'s runners on ``fake`` in fake time (one second per poll), logging into
+    ``op.log_lines``; ``op.gang`` is the last gang manager made, after ``gang`` changed it."""
+    make_runner = op.make_runner
+
+    def runner_on_fake(context=None) -> GangRunner:
+        runner = make_runner(context)
+        runner.client = lambda: fake
+        runner.log = op.log_lines
+        make = runner.make_manager
+
+        def fake_time(*args):
+            manager = make(*args)
+            manager.clock = lambda: float(fake.now)
+            manager.sleep = fake.tick
+            op.gang = gang(manager)
+            return op.gang
+
+        runner.make_manager = fake_time
+        return runner
+
+    op.make_runner = runner_on_fake
+    return op
 
 
 def make_operator(spec_doc, plan, fake: FakeCoreV1, **kwargs):
     op = HorovodJobOperator(
         task_id="train", spec_json=json.dumps(spec_doc), plan=json.dumps(plan), poll_interval=1, **kwargs
     )
-    op.get_core_v1 = lambda spec: fake
-    make = op.make_gang
     op.log_lines = ListLog()
+    return on_fake(op, fake)
 
-    def fake_time(*args):
-        gang = make(*args)
-        gang.clock = lambda: float(fake.now)  # one second per poll
-        gang.sleep = fake.tick
-        gang.log = op.log_lines
-        op.gang = gang
-        return gang
 
-    op.make_gang = fake_time
-    return op
+def build_pods(op, identity):
+    """``(spec, service, pods)`` the operator's runner builds for ``identity``."""
+    runner = op.make_runner()
+    return (runner.spec, *runner.build_pods(identity))
 
 
 def assert_all_gone(fake: FakeCoreV1):
@@ -75,14 +92,12 @@ def test_all_ranks_start_and_succeed(spec_doc, mixed_plan):
 def test_a_result_line_the_stream_missed_is_read_from_the_end_of_rank_0s_log(spec_doc, mixed_plan):
     fake = FakeCoreV1()
     op = make_operator(spec_doc, mixed_plan, fake)
-    original = op.make_gang
 
-    def no_stream(*args):
-        gang = original(*args)
-        gang._stream_rank0 = lambda pod: None  # e.g. every streaming read failed
+    def no_stream(gang):
+        gang.logs.stream = lambda pod: None  # e.g. every streaming read failed
         return gang
 
-    op.make_gang = no_stream
+    on_fake(op, fake, no_stream)
     assert op.execute(make_context())["input_key"] == trainer_result()["input_key"]
 
 
@@ -148,7 +163,7 @@ def test_a_pod_that_never_schedules_times_out_quoting_the_scheduler(spec_doc, mi
     message = "0/12 nodes are available: 4 Insufficient nvidia.com/gpu, 8 node(s) didn't match node selector."
     fake = FakeCoreV1(scripts={2: [unschedulable(message)]}, default=[pulling(), running()])
     op = make_operator(spec_doc, mixed_plan, fake)
-    name = op.build_pods(identity_from_context(make_context()))[2][2].metadata.name
+    name = build_pods(op, identity_from_context(make_context()))[2][2].metadata.name
     fake.events[name] = [scheduling_event(name, message)]
     with pytest.raises(PodStartError) as info:
         op.execute(make_context())
@@ -200,12 +215,12 @@ def test_reattach_after_worker_restart_creates_no_second_set(spec_doc, mixed_pla
     ctx = make_context(try_number=2)
     op = make_operator(spec_doc, mixed_plan, fake)
     identity = identity_from_context(ctx)
-    _, service, pods = op.build_pods(identity)
+    _, service, pods = build_pods(op, identity)
     fake.services[service["metadata"]["name"]] = service
     for pod in pods:  # the dead worker's pods of this try, still running
         fake.add_pod(pod, [running(), running(), terminated(0)])
     old_ident = identity_from_context(make_context(try_number=1))
-    _, old_service, old_pods = op.build_pods(old_ident)
+    _, old_service, old_pods = build_pods(op, old_ident)
     fake.services[old_service["metadata"]["name"]] = old_service
     fake.add_pod(old_pods[0], [running()])  # an older try's pod is deleted first
     result = op.execute(ctx)
@@ -219,7 +234,7 @@ def test_reattach_after_worker_restart_creates_no_second_set(spec_doc, mixed_pla
 def test_reattach_creates_only_missing_ranks(spec_doc, mixed_plan):
     fake = FakeCoreV1()
     op = make_operator(spec_doc, mixed_plan, fake)
-    _, _, pods = op.build_pods(identity_from_context(make_context()))
+    _, _, pods = build_pods(op, identity_from_context(make_context()))
     fake.add_pod(pods[0], [running(), terminated(0)])
     op.execute(make_context())
     assert fake.created("pod") == [pods[1].metadata.name, pods[2].metadata.name]
@@ -236,14 +251,11 @@ def test_on_kill_deletes_everything(spec_doc, mixed_plan):
             op.on_kill()  # what Airflow calls when the task is marked failed or times out
             assert_all_gone(fake)
 
-    original = op.make_gang
-
-    def with_kill(*args):
-        gang = original(*args)
+    def with_kill(gang):
         gang.sleep = kill_on_third_poll
         return gang
 
-    op.make_gang = with_kill
+    on_fake(op, fake, with_kill)
     with pytest.raises(GangError, match="killed"):
         op.execute(make_context())
     assert len(fake.deleted("pod")) == 3 and fake.deleted("service")
@@ -260,8 +272,7 @@ def test_a_pod_deleted_from_outside_fails_the_job(spec_doc, mixed_plan):
         if fake.now == 2:
             fake.pods.pop(next(n for n in fake.pods if n.endswith("-r1")))
 
-    original = op.make_gang
-    op.make_gang = lambda *a: setattr(g := original(*a), "sleep", evict) or g
+    on_fake(op, fake, lambda g: setattr(g, "sleep", evict) or g)
     with pytest.raises(GangError, match=r"rank\(s\) \[1\]"):
         op.execute(make_context())
     assert_all_gone(fake)
@@ -270,7 +281,7 @@ def test_a_pod_deleted_from_outside_fails_the_job(spec_doc, mixed_plan):
 def test_built_pods_match_the_mixed_plan_and_validate(spec_doc, mixed_plan):
     """What the DAG's kubernetes launcher creates: resources, node selectors and batches of the plan."""
     op = HorovodJobOperator(task_id="train", spec_json=spec_doc, plan=mixed_plan)
-    spec, service, pods = op.build_pods(identity_from_context(make_context()))
+    spec, service, pods = build_pods(op, identity_from_context(make_context()))
     pool = load_pool(GPU_POOL)
     api = ApiClient()
     for r, pod in zip(mixed_plan["ranks"], pods, strict=True):
@@ -290,7 +301,7 @@ def test_built_pods_match_the_mixed_plan_and_validate(spec_doc, mixed_plan):
 @pytest.mark.parametrize("fresh", [False, True])
 def test_fresh_rank_pods_do_not_return_a_stored_result(spec_doc, mixed_plan, fresh):
     op = HorovodJobOperator(task_id="train", spec_json=spec_doc, plan=mixed_plan, fresh=fresh)
-    _, manifests = op.build_manifests(identity_from_context(make_context()))
+    manifests = op.make_runner().job.manifests(identity_from_context(make_context()))
     for pod in manifests["pods"]:
         command = pod["spec"]["containers"][0]["command"]
         run_dir = command[command.index("--run-dir") + 1]
@@ -302,7 +313,7 @@ def test_lr_search_runs_the_range_test_as_the_plans_rank_pods(spec_doc, mixed_pl
     a stage that does not run as ranks is refused."""
     op = HorovodJobOperator(task_id="lr_search", spec_json=spec_doc, plan=mixed_plan, stage="lr_search")
     identity = identity_from_context(make_context(task_id="lr_search"))
-    _, manifests = op.build_manifests(identity)
+    manifests = op.make_runner().job.manifests(identity)
     assert len(manifests["pods"]) == len(mixed_plan["ranks"])
     for pod, r in zip(manifests["pods"], sorted(mixed_plan["ranks"], key=lambda r: r["rank"]), strict=True):
         command = pod["spec"]["containers"][0]["command"]
@@ -316,31 +327,30 @@ def test_lr_search_runs_the_range_test_as_the_plans_rank_pods(spec_doc, mixed_pl
 
 @pytest.mark.parametrize(("learning_rate", "gang"), [("auto", True), (0.01, False)])
 def test_the_lr_search_task_starts_a_gang_only_when_there_is_a_rate_to_search(monkeypatch, spec_doc, learning_rate, gang):
-    from hetero.kubernetes_stage import StagePodOperator
     from hetero.operators import PipelineStageOperator
+    from hetero.runners.pod_runner import PodRunner
 
     started = []
-    monkeypatch.setattr(HorovodJobOperator, "execute", lambda self, ctx: started.append(("gang", self.stage)) or {})
-    monkeypatch.setattr(StagePodOperator, "execute", lambda self, ctx: started.append(("pod", self.stage)) or {})
+    monkeypatch.setattr(GangRunner, "start", lambda self, ctx: started.append(("gang", self.job.kind.name)) or {})
+    monkeypatch.setattr(PodRunner, "start", lambda self, ctx: started.append(("pod", self.stage)) or {})
     context = make_context(task_id="lr_search")
     context["params"] = {**spec_doc, "training": {**spec_doc.get("training", {}), "learning_rate": learning_rate}}
     context["ti"].xcom_pull = lambda task_ids: {"plan": None}
     PipelineStageOperator(task_id="lr_search", stage="lr_search").execute(context)
-    assert started == [("gang" if gang else "pod", "lr_search")]
+    assert started == [("gang", "horovod") if gang else ("pod", "lr_search")]
 
 
 @pytest.mark.parametrize(("exit_code", "retried"), [(3, True), (137, True), (2, False), (4, False)])
 def test_a_rank_pod_with_bad_input_or_a_diverged_loss_fails_the_task_without_retries(monkeypatch, spec_doc, exit_code, retried):
     from airflow.sdk.exceptions import AirflowFailException
 
-    from hetero.kubernetes_job import RankPodFailed
     from hetero.operators import PipelineStageOperator
 
     def fail(self, ctx):
         raise RankPodFailed(f"rank 1 (pod p-1) failed with exit code {exit_code}", rank=1, pod_name="p-1",
                             exit_code=exit_code, log_tail=["loss is nan at step 7"])
 
-    monkeypatch.setattr(HorovodJobOperator, "execute", fail)
+    monkeypatch.setattr(GangRunner, "start", fail)
     context = make_context(task_id="train")
     context["params"] = spec_doc
     context["ti"].xcom_pull = lambda task_ids: {"plan": None}
@@ -369,7 +379,7 @@ def test_the_pod_template_file_is_merged_under_the_pods(tmp_path, spec_doc, mixe
     path.write_text(yaml.safe_dump(template))
     spec_doc["kubernetes"]["pod_template_file"] = str(path)
     op = HorovodJobOperator(task_id="train", spec_json=spec_doc, plan=mixed_plan)
-    _, _, pods = op.build_pods(identity_from_context(make_context()))
+    _, _, pods = build_pods(op, identity_from_context(make_context()))
     pod = pods[1]
     assert pod.spec.priority_class_name == "training"
     assert pod.metadata.labels["team"] == "ml" and pod.metadata.labels["rank"] == "1"
@@ -386,7 +396,7 @@ def test_build_pod_runs_the_cluster_policy(monkeypatch, spec_doc, mixed_plan):
 
     monkeypatch.setattr(airflow.settings, "pod_mutation_hook", policy)
     op = HorovodJobOperator(task_id="train", spec_json=spec_doc, plan=mixed_plan)
-    _, manifests = op.build_manifests(identity_from_context(make_context()))
+    manifests = op.make_runner().job.manifests(identity_from_context(make_context()))
     assert build_pod(manifests["pods"][0]).metadata.labels["policy"] == "applied"
 
 

@@ -1,4 +1,4 @@
-"""The Horovod job operator's cluster calls against the test cluster (tests/cluster), through the
+"""The gang's cluster calls against the test cluster (tests/cluster), through the
 real ``kubernetes`` client, where a scripted fake could hide what the real client returns."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "cluster"))
 
-from hetero.kubernetes_job import read_pod_log  # noqa: E402
+from hetero.kube.pods import read_pod_log  # noqa: E402
 
 pytest_plugins = ["testcluster.fixtures"]  # cluster, kube
 

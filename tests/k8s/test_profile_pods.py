@@ -137,19 +137,19 @@ def profile_params(spec_doc: dict, **fields) -> dict:
 @pytest.fixture
 def pods(monkeypatch):
     """A fake cluster for the profiling pods: each polls one fake second (see tests/k8s/fakes.py)."""
-    from hetero.kubernetes_profile import ProfilePodOperator
+    from hetero.runners.gang_runner import GangRunner
 
     fake = FakeCoreV1(default=[pulling("profile"), running("profile"), terminated(0, name="profile")])
     fake.logs = {0: ["timing 12 models on t4", json.dumps(SWEEP_LINE)]}
-    make = ProfilePodOperator.make_gang
+    make = GangRunner.make_manager
 
     def fake_time(self, *args):
         gang = make(self, *args)
         gang.clock, gang.sleep = (lambda: float(fake.now)), fake.tick
         return gang
 
-    monkeypatch.setattr(ProfilePodOperator, "get_core_v1", lambda self, spec: fake)
-    monkeypatch.setattr(ProfilePodOperator, "make_gang", fake_time)
+    monkeypatch.setattr(GangRunner, "client", lambda self: fake)
+    monkeypatch.setattr(GangRunner, "make_manager", fake_time)
     return fake
 
 
@@ -174,7 +174,7 @@ def test_a_kubernetes_sweep_runs_its_device_types_pod_and_returns_the_line(spec_
 def test_a_failed_sweep_pod_fails_with_its_exit_code_bad_input_without_retries(spec_doc, pods, code, retried):
     from airflow.sdk.exceptions import AirflowFailException
 
-    from hetero.kubernetes_job import RankPodFailed
+    from hetero.kube.errors import RankPodFailed
     from hetero.profiling import ProfileSweepOperator
 
     pods.default = [pulling("profile"), terminated(code, name="profile")]
@@ -188,7 +188,7 @@ def test_a_failed_sweep_pod_fails_with_its_exit_code_bad_input_without_retries(s
 
 
 def test_a_device_type_no_node_can_take_fails_with_the_schedulers_reason(spec_doc, pods):
-    from hetero.kubernetes_job import PodStartError
+    from hetero.kube.errors import PodStartError
     from hetero.profiling import ProfileSweepOperator
 
     pods.default = [unschedulable("0/3 nodes are available: 3 Insufficient nvidia.com/gpu.")]

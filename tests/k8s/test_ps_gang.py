@@ -1,6 +1,7 @@
-"""The parameter-server job's gang (hetero.kubernetes_ps) against the fake CoreV1Api: the chief
-decides, a lost worker is logged and tolerated, a lost parameter server fails the job, and every
-pod and the Service are deleted at the end; the train task picks the operator by the strategy.
+"""The parameter-server job's gang (the gang manager with the parameter-server kind) against the
+fake CoreV1Api: the chief decides, a lost worker is logged and tolerated, a lost parameter server
+fails the job, and every pod and the Service are deleted at the end; the train task picks the gang
+by the strategy.
 
 Pods are keyed by their ``rank`` label: with conftest's three-rank plan and two parameter
 servers, 0 is the chief, 1-3 the workers (plan ranks 0-2), 4-5 the servers ps-0 and ps-1."""
@@ -12,10 +13,14 @@ import json
 import pytest
 from fakes import FakeCoreV1, ListLog, pulling, running, terminated, trainer_result
 from k8s_support import make_context
+from test_job_operator import on_fake
 
-from hetero.kubernetes_job import GangError, HorovodJobOperator, RankPodFailed, gang_class
-from hetero.kubernetes_ps import ParameterServerFailed, ParameterServerGang, ParameterServerJobOperator
-from hetero.triggers import GangTrigger, error_event, error_from_event
+from hetero.gang_operators import ParameterServerJobOperator
+from hetero.kube.errors import GangError, ParameterServerFailed, RankPodFailed, error_event, error_from_event
+from hetero.kube.gang_kinds import PARAMETER_SERVER, kind_named
+from hetero.kube.gang_manager import GangManager
+from hetero.runners.gang_runner import GangRunner
+from hetero.triggers import GangTrigger
 
 CHIEF, WORKER_1, PS_1 = 0, 2, 5  # worker 1 runs plan rank 1 (v100)
 SERVE = [pulling(), running()]  # workers and servers serve until they are deleted
@@ -30,17 +35,8 @@ def ps_doc(spec_doc) -> dict:
 def make_operator(spec_doc, plan, fake: FakeCoreV1, **kwargs) -> ParameterServerJobOperator:
     op = ParameterServerJobOperator(task_id="train", spec_json=json.dumps(spec_doc), plan=json.dumps(plan),
                                     poll_interval=1, **kwargs)
-    op.get_core_v1 = lambda spec: fake
-    make, op.log_lines = op.make_gang, ListLog()
-
-    def fake_time(*args):
-        gang = make(*args)
-        gang.clock, gang.sleep, gang.log = (lambda: float(fake.now)), fake.tick, op.log_lines
-        op.gang = gang
-        return gang
-
-    op.make_gang = fake_time
-    return op
+    op.log_lines = ListLog()
+    return on_fake(op, fake)
 
 
 def chief_fake(chief: list, **scripts) -> FakeCoreV1:
@@ -198,14 +194,14 @@ def run_trigger(monkeypatch, op, fake: FakeCoreV1) -> dict:
     assert GangTrigger(**trigger.serialize()[1]).kind == "parameter_server"
 
     def fake_gang(self):
-        gang = gang_class(self.kind)(fake, k8s.Identity(**self.identity), None, [], namespace="ml",
-                                     scheduling_timeout_s=60, image_pull_timeout_s=120, log=ListLog(),
-                                     clock=lambda: float(fake.now))
+        gang = GangManager(fake, k8s.Identity(**self.identity), kind_named(self.kind), namespace="ml",
+                           scheduling_timeout_s=60, image_pull_timeout_s=120, log=ListLog(),
+                           clock=lambda: float(fake.now))
         poll = gang.poll
         gang.poll = lambda watch: (poll(watch), fake.tick())[0]
         return gang
 
-    monkeypatch.setattr(GangTrigger, "make_gang", fake_gang)
+    monkeypatch.setattr(GangTrigger, "make_manager", fake_gang)
     trigger.poll_interval = 0
     event = asyncio.run(anext(trigger.run())).payload
     return json.loads(json.dumps(event))  # what the triggerer stores
@@ -217,8 +213,8 @@ def test_a_deferred_job_returns_the_chiefs_result_and_its_lost_workers(monkeypat
     event = run_trigger(monkeypatch, op, fake)
     assert event["status"] == "success" and event["kind"] == "parameter_server" and len(event["lost"]) == 1
     result = ParameterServerJobOperator(task_id="train", spec_json=op.spec_json, deferrable=True)
-    result.get_core_v1 = lambda spec: fake
-    out = result.execute_complete(make_context(), event)
+    result.log_lines = ListLog()
+    out = on_fake(result, fake).execute_complete(make_context(), event)
     assert out["launcher_lost_workers"] == event["lost"] and event["lost"][0].startswith("worker 1 (pod ")
     assert out["steps"] == trainer_result()["steps"]
     assert fake.pods == {} and fake.services == {}
@@ -230,7 +226,8 @@ def test_a_deferred_parameter_server_failure_is_raised_as_the_sync_wait_would(mo
     event = run_trigger(monkeypatch, op, fake)
     assert (event["status"], event["error"], event["exit_code"]) == ("error", "ParameterServerFailed", 137)
     resumed = ParameterServerJobOperator(task_id="train", spec_json=op.spec_json, deferrable=True)
-    resumed.get_core_v1 = lambda spec: fake
+    resumed.log_lines = ListLog()
+    on_fake(resumed, fake)
     with pytest.raises(ParameterServerFailed, match=r"^parameter server ps-1 \(pod .*\) failed with exit code 137"):
         resumed.execute_complete(make_context(), event)
     assert fake.pods == {} and fake.services == {}
@@ -242,25 +239,31 @@ def test_error_events_rebuild_a_parameter_server_failure():
     back = error_from_event(json.loads(json.dumps(error_event(err))))
     assert type(back) is ParameterServerFailed and str(back) == str(err)
     assert (back.rank, back.pod_name, back.exit_code, back.log_tail) == (4, "p", 137, ["x"])
-    assert gang_class("parameter_server") is ParameterServerGang
+    assert kind_named("parameter_server") is PARAMETER_SERVER
     with pytest.raises(ValueError, match="unknown gang kind 'ring'"):
-        gang_class("ring")
+        kind_named("ring")
 
 
-# -- the train task picks the operator
+# -- the train task picks the gang
 
 
 @pytest.mark.parametrize(
     ("strategy", "planned", "expected"),
-    [("parameter_server", None, ParameterServerJobOperator), ("horovod", "parameter_server", HorovodJobOperator),
-     ("auto", "parameter_server", ParameterServerJobOperator), ("auto", None, HorovodJobOperator)],
+    [("parameter_server", None, "parameter_server"), ("horovod", "parameter_server", "horovod"),
+     ("auto", "parameter_server", "parameter_server"), ("auto", None, "horovod")],
 )
 def test_the_train_task_starts_the_strategys_gang(monkeypatch, spec_doc, mixed_plan, strategy, planned, expected):
     from hetero.operators import PipelineStageOperator
+    from hetero.runners import gang_runner
 
-    started = []
-    for cls in (HorovodJobOperator, ParameterServerJobOperator):
-        monkeypatch.setattr(cls, "execute", lambda self, ctx: started.append(type(self)) or {"plan": self.plan})
+    started, planned_jobs = [], []
+    for name in ("horovod_job", "parameter_server_job"):  # record the plan each gang was given
+        def record(spec, plan, *, _make=getattr(gang_runner, name), **kwargs):
+            planned_jobs.append(plan)
+            return _make(spec, plan, **kwargs)
+
+        monkeypatch.setattr(gang_runner, name, record)
+    monkeypatch.setattr(GangRunner, "start", lambda self, ctx: started.append(self.job.kind.name) or {"plan": planned_jobs[-1]})
     context = make_context(task_id="train")
     context["params"] = {**spec_doc, "training": {**spec_doc["training"], "strategy": strategy}}
     plan = dict(mixed_plan, **({"strategy": planned} if planned else {}))
@@ -273,25 +276,27 @@ def test_the_range_test_stays_a_horovod_gang_under_parameter_server_training(mon
     from hetero.operators import PipelineStageOperator
 
     started = []
-    monkeypatch.setattr(HorovodJobOperator, "execute", lambda self, ctx: started.append(type(self)) or {})
+    monkeypatch.setattr(GangRunner, "start", lambda self, ctx: started.append(self.job.kind.name) or {})
     context = make_context(task_id="lr_search")
     context["params"] = {**ps_doc, "training": {**ps_doc["training"], "learning_rate": "auto"}}
     context["ti"].xcom_pull = lambda task_ids: {"plan": None}
     PipelineStageOperator(task_id="lr_search", stage="lr_search").execute(context)
-    assert started == [HorovodJobOperator]
+    assert started == ["horovod"]
     with pytest.raises(ValueError, match="only the train stage"):
         ParameterServerJobOperator(task_id="lr_search", spec_json=ps_doc, stage="lr_search")
 
 
-@pytest.mark.parametrize(("kind", "expected"), [("parameter_server", ParameterServerJobOperator),
-                                                ("horovod", HorovodJobOperator)])
-def test_a_resumed_train_task_completes_with_the_gang_the_trigger_watched(monkeypatch, spec_doc, kind, expected):
+@pytest.mark.parametrize(("kind", "expected"), [("parameter_server", "parameter_server"), ("horovod", "horovod")])
+def test_a_resumed_train_task_completes_with_the_gang_the_trigger_watched(monkeypatch, spec_doc, mixed_plan, kind,
+                                                                          expected):
+    """The resumed task picks its runner from the same table as the first start: with ``auto``,
+    the plan's strategy, which is the gang the trigger watched."""
     from hetero.operators import PipelineStageOperator
 
     resumed = []
-    for cls in (HorovodJobOperator, ParameterServerJobOperator):
-        monkeypatch.setattr(cls, "execute_complete", lambda self, ctx, event: resumed.append(type(self)) or {})
+    monkeypatch.setattr(GangRunner, "resume", lambda self, ctx, event: resumed.append(self.job.kind.name) or {})
     context = make_context(task_id="train")
     context["params"] = {**spec_doc, "training": {**spec_doc["training"], "strategy": "auto"}}
+    context["ti"].xcom_pull = lambda task_ids: {"plan": dict(mixed_plan, strategy=kind)}
     PipelineStageOperator(task_id="train", stage="train").execute_complete(context, {"status": "success", "kind": kind})
     assert resumed == [expected]

@@ -33,8 +33,9 @@ sys.path.insert(0, str(ROOT / "tests" / "cluster"))
 
 from k8s_support import TWO_TYPES_POOL, cluster_spec_doc, preload_on_cluster, wait_for  # noqa: E402
 
-from hetero.kubernetes_job import identity_from_context  # noqa: E402
-from hetero.kubernetes_ps import ParameterServerFailed, ParameterServerJobOperator  # noqa: E402
+from hetero.gang_operators import ParameterServerJobOperator  # noqa: E402
+from hetero.kube.errors import ParameterServerFailed  # noqa: E402
+from hetero.task_context import identity_from_context  # noqa: E402
 from pipelines.stores.rundir import safe_component  # noqa: E402
 
 pytest_plugins = ["testcluster.fixtures"]  # cluster, kube, kube_conn
@@ -202,17 +203,24 @@ def _stand_in(op: ParameterServerJobOperator, run: Path) -> ParameterServerJobOp
     chief = ("import json, os, time\nprint('chief waits', flush=True)\n"
              f"while not os.path.exists({pod_run + '/go'!r}): time.sleep(0.1)\n"
              f"print('chief done'); print(json.dumps({STAND_IN_RESULT!r}))")
-    build = op.build_pods
+    make_runner = op.make_runner
 
-    def stand_in_pods(identity):
-        spec, service, pods = build(identity)
-        for pod in pods:
-            role = pod.metadata.labels["task_type"]
-            code = chief if role == "chief" else f"import time; print('{role} serving', flush=True); time.sleep(3600)"
-            pod.spec.containers[0].command, pod.spec.containers[0].args = ["python", "-c", code], None
-        return spec, service, pods
+    def stand_in_runner(context=None):
+        runner = make_runner(context)
+        build = runner.build_pods
 
-    op.build_pods = stand_in_pods
+        def stand_in_pods(identity):
+            service, pods = build(identity)
+            for pod in pods:
+                role = pod.metadata.labels["task_type"]
+                code = chief if role == "chief" else f"import time; print('{role} serving', flush=True); time.sleep(3600)"
+                pod.spec.containers[0].command, pod.spec.containers[0].args = ["python", "-c", code], None
+            return service, pods
+
+        runner.build_pods = stand_in_pods
+        return runner
+
+    op.make_runner = stand_in_runner
     return op
 
 

@@ -19,9 +19,10 @@ from k8s_support import GPU_POOL, make_context
 from kubernetes.client import ApiClient
 from restricted import restricted_violations
 
-from hetero.kubernetes_stage import StagePodOperator
 from hetero.operators import PipelineStageOperator
-from hetero.stage_runner import LocalStage, StageProcessError, stage_context, stage_result
+from hetero.runners.local_runner import LocalStage, StageProcessError, stage_result
+from hetero.stage_pod import StagePodOperator
+from hetero.task_context import stage_context
 from pipelines.launch import k8s
 from pipelines.spec import load_spec
 

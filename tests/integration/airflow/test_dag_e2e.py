@@ -243,7 +243,7 @@ def test_a_later_train_try_returns_the_stored_result(k8s_run, test_cluster, monk
     inputs on the shared volume and return it without training (nothing in train/ is rewritten)."""
     from types import SimpleNamespace
 
-    from hetero.kubernetes_job import HorovodJobOperator
+    from hetero.gang_operators import HorovodJobOperator
 
     conf, run, _, log = k8s_run
     run_id = re.search(r"DagRun Finished: dag_id=train_pipeline, .*?run_id=([^,]+),", log)[1]

@@ -22,10 +22,16 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from airflow.providers.cncf.kubernetes.operators.pod import KubernetesPodOperator
+from airflow.providers.cncf.kubernetes.pod_generator import PodGenerator
+from airflow.providers.cncf.kubernetes.utils.pod_manager import OnFinishAction
+from airflow.sdk.exceptions import AirflowException, AirflowFailException, AirflowSkipException
 
-from hetero.kubernetes_job import identity_from_context
-from hetero.stage_runner import carried_inputs, stage_context, stage_result
+from hetero.kube.pods import read_pod_log
+from hetero.runners.local_runner import stage_result
+from hetero.task_context import carried_inputs, identity_from_context, stage_context
+from pipelines.errors import NO_RETRY
 from pipelines.launch import k8s
+from pipelines.spec import load_pool, load_spec
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
@@ -95,8 +101,6 @@ class StagePodOperator(KubernetesPodOperator):
 
     def prepare(self, context: Context) -> None:
         """Fill the pod from the spec and the task context (called by ``execute``; tests call it too)."""
-        from pipelines.spec import load_pool, load_spec
-
         spec = load_spec(self.spec_json)
         ctx = stage_context(context, self.fresh)
         identity = identity_from_context(context)
@@ -123,15 +127,11 @@ class StagePodOperator(KubernetesPodOperator):
         self.schedule_timeout_seconds = spec.kubernetes.scheduling_timeout_s
         self.startup_timeout_seconds = spec.kubernetes.image_pull_timeout_s
         if spec.kubernetes.keep_failed_pods:
-            from airflow.providers.cncf.kubernetes.utils.pod_manager import OnFinishAction
-
             self.on_finish_action = OnFinishAction.DELETE_SUCCEEDED_POD
         self.log_formatter = self._capture
 
     @staticmethod
     def _deserialize(manifest: dict[str, Any]) -> k8s_models.V1Pod:
-        from airflow.providers.cncf.kubernetes.pod_generator import PodGenerator
-
         return PodGenerator.deserialize_model_dict(manifest)
 
     def _capture(self, container_name: str, message: str) -> str:
@@ -163,10 +163,6 @@ class StagePodOperator(KubernetesPodOperator):
         """The provider's clean-up (delete the pod, fail for a failed pod), except that a stage
         that exited 2 (bad input: a retry would fail the same way) fails the task without retries
         (docs/ARCHITECTURE.md, "Failure rules")."""
-        from airflow.sdk.exceptions import AirflowException, AirflowFailException, AirflowSkipException
-
-        from pipelines.errors import NO_RETRY
-
         try:
             super().cleanup(pod, remote_pod, xcom_result=xcom_result, context=context)
         except (AirflowFailException, AirflowSkipException):
@@ -179,7 +175,7 @@ class StagePodOperator(KubernetesPodOperator):
 
     def defer(self, *, trigger: Any, method_name: str, kwargs: dict | None = None, timeout: Any = None) -> Any:
         """Resume in :meth:`execute_complete` (not the provider's ``trigger_reentry``), the name
-        ``PipelineStageOperator`` also answers to."""
+        ``PipelineStageOperator`` also answers to (through :class:`hetero.runners.pod_runner.PodRunner`)."""
         super().defer(trigger=trigger, method_name="execute_complete", kwargs=kwargs, timeout=timeout)
 
     def execute_complete(self, context: Context, event: dict[str, Any]) -> dict[str, Any]:
@@ -196,8 +192,6 @@ class StagePodOperator(KubernetesPodOperator):
 
     def trigger_reentry(self, context: Context, event: dict[str, Any]) -> Any:
         """Keep the end of a succeeded pod's log (the result line), then the provider's re-entry."""
-        from hetero.kubernetes_job import read_pod_log
-
         if event.get("status") == "success":
             try:
                 text = read_pod_log(self.client, event["name"], event["namespace"],

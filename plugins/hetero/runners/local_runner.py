@@ -1,11 +1,13 @@
-"""Run a pipeline stage as a subprocess in the trainer environment, from an Airflow task.
+"""The local launcher's runner: a stage (or any command of the trainer environment) as a
+subprocess of the task.
 
-The command is exactly what a pod runs (:func:`pipelines.core.stages.stage_command`) with the trainer
-environment's Python, the pool and its profiles carried inline (:func:`carried_inputs`).  Its output is streamed line by line into the task log; a non-zero exit
-fails the task with the stage's own ``ERROR:`` lines; the last line (a JSON document) becomes
-the task's XCom.  If the task is killed, the stage's whole process group is stopped.
-:class:`LocalCommand` does the same for any command of the trainer environment (the profiling
-sweep's, ``hetero.profiling``).
+The command is exactly what a pod runs (:func:`pipelines.core.stages.stage_command`) with the
+trainer environment's Python, the pool and its profiles carried inline
+(:func:`hetero.task_context.carried_inputs`).  Its output is streamed line by line into the task
+log; a non-zero exit fails the task with the stage's own ``ERROR:`` lines; the last line (a JSON
+document) becomes the task's XCom.  If the task is killed, the command's whole process group is
+stopped.  :class:`LocalCommand` does the same for any command of the trainer environment (the
+profiling sweep's, ``hetero.profiling``).
 """
 
 from __future__ import annotations
@@ -15,20 +17,22 @@ import logging
 import os
 import signal
 import subprocess
-from collections.abc import Sequence
-from pathlib import Path
+from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager, nullcontext
+from typing import Any
 
 from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
-from pipelines.core.stages import StageContext, last_json_object, run_inputs, stage_command
+from hetero.task_context import PROJECT_ROOT, carried_inputs, run_dir_for, stage_context
+from pipelines.core.stages import StageContext, last_json_object, stage_command
 from pipelines.errors import EXIT_BAD_INPUT
 from pipelines.launch.lifetime import child_env
-from pipelines.spec import JobSpec, SpecError, load_spec
-from pipelines.stores.rundir import RunDir
+from pipelines.spec import JobSpec
+
+__all__ = ["LocalCommand", "LocalRunner", "LocalStage", "StageProcessError", "command_result", "stage_result",
+           "trainer_python"]
 
 log = logging.getLogger(__name__)
-
-PROJECT_ROOT = Path(__file__).resolve().parents[2]
 
 
 class StageProcessError(AirflowException):
@@ -48,31 +52,6 @@ def trainer_python() -> str:
     raise StageProcessError(
         f"no trainer environment: {candidate} does not exist and HETERO_TRAINER_PYTHON is not set; run 'make setup'"
     )
-
-
-def stage_context(context, fresh: bool = False) -> StageContext:
-    """The stage's view of an Airflow task context (the same for local runs and pods)."""
-    ti = context["ti"]
-    dag_run = context.get("dag_run")
-    return StageContext(
-        dag_id=ti.dag_id,
-        run_id=context.get("run_id") or ti.run_id,
-        try_number=int(getattr(ti, "try_number", 1) or 1),
-        data_interval_start=context.get("data_interval_start") or getattr(dag_run, "data_interval_start", None),
-        data_interval_end=context.get("data_interval_end") or getattr(dag_run, "data_interval_end", None),
-        fresh=fresh,
-    )
-
-
-def run_dir_for(spec: JobSpec, ctx: StageContext) -> RunDir:
-    return RunDir.for_run(spec.artifact_root, ctx.dag_id, ctx.run_id)
-
-
-def carried_inputs(spec: JobSpec, pool: str | dict | None = None) -> dict[str, dict]:
-    """The pool (``pool``, else the spec's) and its profiles override, read on this (the Airflow)
-    side, for the stage command to carry inline into the run directory; a relative pool path is
-    taken under the project root, where stage subprocesses run."""
-    return run_inputs(pool if pool is not None else spec.pool, base=PROJECT_ROOT)
 
 
 def stage_result(lines: Sequence[str], stage: str, where: str) -> dict:
@@ -169,21 +148,44 @@ def _kill_group(proc: subprocess.Popen, grace_s: float = 10.0) -> None:
         pass
 
 
-def validate_params(params: dict) -> JobSpec:
-    """The DAG run's params as a validated job spec; the error names each bad field.
 
-    Airflow merges a run's conf into its params, so a misspelt top-level key (``trainig``) arrives
-    here: it is refused, naming the key and the closest field, rather than dropped (which would
-    run the defaults)."""
-    import difflib
 
-    doc = dict(params)
-    unknown = sorted(set(doc) - set(JobSpec.model_fields))
-    if unknown:
-        lines = [f"job spec: {len(unknown)} unknown top-level field(s)"]
-        for key in unknown:
-            close = difflib.get_close_matches(key, list(JobSpec.model_fields), n=1)
-            lines.append(f"  {key}: unknown field" + (f" (did you mean {close[0]!r}?)" if close else ""))
-        raise SpecError("\n".join(lines))
-    return load_spec({k: v for k, v in doc.items() if v is not None})
+class LocalRunner:
+    """The local launcher: ``stage`` of ``spec`` as a subprocess of the task (:class:`LocalStage`);
+    it never defers."""
+
+    def __init__(self, stage: str, spec: JobSpec):
+        self.stage, self.spec = stage, spec
+        self.process: LocalCommand | None = None
+
+    def start(self, context: Any) -> dict:
+        self.process = process = LocalStage(self.stage, self.spec, stage_context(context))
+        return process.run()
+
+    def resume(self, context: Any, event: dict) -> dict:
+        raise StageProcessError(f"{self.process_name()} runs on the task's machine and never defers")
+
+    def kill(self) -> None:
+        if self.process is not None:
+            self.process.kill()  # the command's whole process group
+
+    def process_name(self) -> str:
+        return f"stage {self.stage!r}"
+
+
+class LocalCommandRunner(LocalRunner):
+    """The local launcher for any command of the trainer environment (``what`` names it in errors),
+    run while ``hold()`` is held (the profiling sweeps' machine-wide lock)."""
+
+    def __init__(self, what: str, command: Sequence[str], hold: Callable[[], AbstractContextManager] = nullcontext):
+        self.what, self.command, self.hold = what, list(command), hold
+        self.process = None
+
+    def start(self, context: Any) -> dict:
+        self.process = process = LocalCommand(self.what)
+        with self.hold():
+            return process.run_command(self.command)
+
+    def process_name(self) -> str:
+        return self.what
 
