@@ -1,12 +1,18 @@
-"""Fixtures for multi-process Horovod tests: a tiny preloaded run directory."""
+"""Fixtures for multi-process Horovod tests: a tiny preloaded run directory, and whether this
+machine can make a slow device (a real CPU quota)."""
 
 from __future__ import annotations
 
+import functools
 import json
+import os
+import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+from pipelines.launch.cgroups import CpuLimiter
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -59,3 +65,34 @@ def launch_ranks(run: Path, profiles, extra_args=(), timeout_s=240, **kw):
 @pytest.fixture
 def run_dir(tmp_path):
     return write_run(tmp_path / "run")
+
+
+@functools.cache
+def cpu_quota_missing() -> str | None:
+    """Why this machine cannot cap a process with a CPU quota, or None when it can.
+
+    The launcher's own limiter places a short-lived child in a 40% quota, as it places a slow
+    rank; its warning (no cgroup cpu controller, or one that cannot be written) is the reason."""
+    limiter = CpuLimiter(f"quota-probe-{os.getpid()}")
+    child = subprocess.Popen(["sleep", "30"])
+    try:
+        enforced = limiter.limit(child.pid, "probe", 0.4)
+    finally:
+        child.kill()
+        child.wait()
+        limiter.cleanup()
+    return None if enforced else limiter.warning or "the quota was not enforced"
+
+
+def require_cpu_quota() -> None:
+    """Skip the calling test or fixture, with the reason, where a slow device cannot be made here:
+    what it claims holds only under a real quota."""
+    if (why := cpu_quota_missing()) is not None:
+        pytest.skip(f"no slow device can be made here: {why}")
+
+
+def assert_quota_enforced(enforced: bool) -> None:
+    """The launcher's ``quota_enforced`` for a job with a slow device: True wherever cgroups can be
+    written here (skipped, with the reason, where they cannot)."""
+    require_cpu_quota()
+    assert enforced is True, "cgroups are writable here, yet the launcher ran the slow device without its quota"

@@ -8,7 +8,7 @@ import json
 
 import numpy as np
 import pytest
-from conftest import ROOT, launch_ranks, write_run
+from conftest import ROOT, assert_quota_enforced, launch_ranks, require_cpu_quota, write_run
 
 from pipelines.launch.local import Profile, profiles_from_pool
 
@@ -32,24 +32,27 @@ def holdout_accuracy(run) -> float:
     return float(np.mean(logits.argmax(-1) == y))
 
 
-def train(run, profiles) -> tuple[float, dict]:
+def train(run, profiles) -> tuple[float, dict, bool]:
+    """Held-out accuracy, summary, and whether the launcher enforced the profiles' CPU quotas."""
     result = launch_ranks(run, profiles)
     assert result.returncode == 0, result.message
     summary = json.loads((run / "train" / "summary.json").read_text())
-    return holdout_accuracy(run), summary
+    return holdout_accuracy(run), summary, result.quota_enforced
 
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     """The same task, B, epochs and seed: one process, then a fast and a slow (40% quota) rank."""
+    require_cpu_quota()  # the slow rank is slow, and gets the smaller batch, only under a real quota
     root = tmp_path_factory.mktemp("convergence")
     single_run = write_run(root / "single", rows=ROWS, holdout=HOLDOUT, **TRAINING)
     hetero_run = write_run(root / "hetero", rows=ROWS, holdout=HOLDOUT, **TRAINING)
-    single = train(single_run, [Profile()])
-    hetero = train(
+    single, s1, _ = train(single_run, [Profile()])
+    hetero, s2, enforced = train(
         hetero_run, profiles_from_pool(str(ROOT / "examples" / "pool-local.yaml"), ["fast", "slow"])
     )
-    return single, hetero
+    assert_quota_enforced(enforced)
+    return (single, s1), (hetero, s2)
 
 
 def test_balanced_heterogeneous_matches_single_process(runs):

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import io
 import json
-import os
 import subprocess
 import sys
 import textwrap
@@ -14,8 +13,7 @@ import time
 import uuid
 from pathlib import Path
 
-import pytest
-from conftest import ROOT
+from conftest import ROOT, require_cpu_quota
 
 from pipelines.launch.cgroups import GROUP_PREFIX, CpuLimiter
 from pipelines.launch.local import Profile, launch
@@ -90,11 +88,6 @@ def alive(pid: int) -> bool:
     return stat.rsplit(")", 1)[1].split()[0] != "Z"
 
 
-def cgroups_writable() -> bool:
-    limiter = CpuLimiter("probe")
-    return limiter.available and os.access(limiter.base, os.W_OK)
-
-
 def test_plain_horovod_script_runs_unchanged_via_cli(tmp_path):
     path = script(tmp_path, "allreduce.py", PLAIN_HOROVOD)
     cmd = [
@@ -117,8 +110,8 @@ def test_plain_horovod_script_runs_unchanged_via_cli(tmp_path):
     assert results == [["0", "2", "1.0"], ["1", "2", "1.0"]], proc.stdout
 
 
-@pytest.mark.skipif(not cgroups_writable(), reason="needs a writable cgroup cpu controller (root)")
 def test_pool_profiles_pin_cores_and_enforce_quota(tmp_path):
+    require_cpu_quota()
     path = script(tmp_path, "busy.py", BUSY_LOOP)
     job = f"test-{uuid.uuid4().hex[:8]}"
     cmd = [

@@ -9,6 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from conftest import assert_quota_enforced
+
 ROOT = Path(__file__).resolve().parents[3]
 POOL = {"device_types": [
     {"name": "fast", "count": 1, "memory_gb": 4, "power_watts": 65, "cost_per_hour": 0.1, "local": {"cpus": [1], "cpu_share": 1.0}},
@@ -51,6 +53,7 @@ def test_a_tiny_sweep_on_the_slow_device_writes_measured_rows_and_fits(tmp_path)
     assert rc == 0, err
     slow = report["device_types"]["slow"]
     assert slow["rows"] == 6 and slow["models"] == 3 and slow["step_cv_mape"] is not None and slow["memory_model"]
+    assert_quota_enforced(result["quota_enforced"])  # the rows were measured at 40% of a core
 
 
 def test_profile_refuses_an_unknown_device_type_before_starting(tmp_path):
@@ -75,3 +78,4 @@ def test_the_allreduce_probe_stores_the_pools_link(tmp_path):
     assert result["seconds"][-1] > result["seconds"][0]  # 8 MB takes longer than 4 KB
     link = ProfileBank(str(tmp_path / "bank")).link(pool_key(load_pool(POOL), "local"))
     assert link["latency_s"] > 0 and link["bandwidth_bps"] > 0
+    assert_quota_enforced(result["quota_enforced"])  # the link as the slow device's quota makes it

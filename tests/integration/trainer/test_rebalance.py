@@ -10,9 +10,8 @@ import threading
 import time
 
 import pytest
-from conftest import launch_ranks, write_run
+from conftest import assert_quota_enforced, launch_ranks, require_cpu_quota, write_run
 
-from pipelines.launch.cgroups import CpuLimiter
 from pipelines.launch.local import Profile
 
 CALIBRATED = re.compile(r"calibrated samples/s .* -> local batches \[(\d+), (\d+)\]")
@@ -57,8 +56,7 @@ ROWS, GB = 9600, 64
 @pytest.fixture(scope="module")
 def slowed(tmp_path_factory):
     """150 steps of small_cnn on two full cores; rank 1 drops to a quarter core after calibration."""
-    if not CpuLimiter("probe").available:
-        pytest.skip("needs a writable cgroup cpu controller (root)")
+    require_cpu_quota()
     run = write_run(
         tmp_path_factory.mktemp("rebalance") / "run",
         rows=ROWS,
@@ -79,7 +77,7 @@ def slowed(tmp_path_factory):
         on_start=slow_down_later(watch, changed),
     )
     assert result.returncode == 0, result.message
-    assert result.quota_enforced
+    assert_quota_enforced(result.quota_enforced)
     assert "at" in changed, "training ended before the quota was changed"
     assert watch.batches is not None and sum(watch.batches) == GB
     return watch.batches, json.loads((run / "train" / "summary.json").read_text())
