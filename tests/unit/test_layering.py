@@ -92,3 +92,38 @@ def test_the_plugins_parse_time_closure_covers_the_kubernetes_manifests():
                 "pipelines/core/stages.py", "plugins/hetero/kube/gang_manager.py"):
         assert rel in files, rel
     assert "pipelines/train/trainer.py" not in files
+
+
+def test_an_import_circle_fails_the_check_even_through_a_function_level_import(tmp_path):
+    root = write(tmp_path, {
+        "pipelines/__init__.py": "",
+        "pipelines/train/__init__.py": "",
+        "pipelines/train/a.py": "from pipelines.train import b\n",
+        "pipelines/train/b.py": "def later():\n    from pipelines.train.c import x\n",
+        "pipelines/train/c.py": "import pipelines.train.a\nx = 1\n",
+        "pipelines/train/d.py": "from pipelines.train.a import b\n",  # into the circle, not part of it
+    })
+    found = check_layering.violations(root)
+    assert found == ["pipelines/train/a.py: import circle: pipelines/train/a.py -> pipelines/train/b.py -> "
+                     "pipelines/train/c.py -> pipelines/train/a.py; move what both need to a module that "
+                     "imports neither"]
+
+
+def test_a_package_re_exporting_its_submodules_is_no_circle(tmp_path):
+    root = write(tmp_path, {
+        "pipelines/__init__.py": "",
+        "pipelines/spec/__init__.py": "from pipelines.spec.job import Job\nfrom pipelines.spec.pool import Pool\n",
+        "pipelines/spec/job.py": "from pipelines.spec.pool import Pool\nclass Job: pass\n",
+        "pipelines/spec/pool.py": "class Pool: pass\n",
+    })
+    assert check_layering.violations(root) == []
+
+
+def test_a_file_over_the_line_limit_fails_the_check(tmp_path):
+    limit = check_layering.MAX_LINES
+    root = write(tmp_path, {
+        "plugins/hetero/long.py": "x = 1\n" * (limit + 1),
+        "pipelines/short.py": "x = 1\n" * limit,
+    })
+    assert check_layering.violations(root) == [
+        f"plugins/hetero/long.py: {limit + 1} lines, more than {limit}; split it by what it holds"]
