@@ -202,7 +202,7 @@ def test_pipeline_runs_end_to_end_on_kubernetes(k8s_run, local_run, test_cluster
     assert sum(r["batch"] for r in train["ranks"]) == 64 and train["run_dir"] == pod_run
     assert json.dumps(train, sort_keys=True) in log  # the task log has rank 0's result line
     # kubernetes.deferrable (the default): every stage pod's wait and the gang's ran in a trigger,
-    # which `airflow dags test` runs in line; the gang's trigger decided through HorovodGang.poll
+    # which `airflow dags test` runs in line; the gang's trigger decided through GangManager.poll
     assert log.count("[DAG TEST] running trigger in line") == 7, log[-8000:]
     assert "Checking pod 'preload-" in log and "All 2 ranks succeeded" in log
     analysis = json.loads((run / "analyze" / "result.json").read_text())
