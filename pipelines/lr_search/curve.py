@@ -21,9 +21,10 @@ from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
 from pipelines.errors import StageError
+from pipelines.lr_search.references import fastai_valley, lightning_steepest
 
 MIN_POINTS = 10
-RULE_VERSION = 3  # part of the result's input key: a new rule searches again
+RULE_VERSION = 4  # part of the result's input key: a new rule (or new references beside it) searches again
 CANDIDATE_FACTORS = (0.5, 1.0, 2.0)  # times the min-loss rate: the rates the confirmation compares
 TRIAL_FRACTION = 0.2  # a confirmation run is this fraction of the training's steps ...
 TRIAL_STEPS = (32, 160)  # ... within these bounds
@@ -189,12 +190,16 @@ def suggest(
     *,
     beta: float | None = None,
     divergence_factor: float = 4.0,
+    planned_steps: int | None = None,
 ) -> dict[str, Any]:
-    """Suggest a learning rate from a range test.
+    """Suggest a learning rate from a range test (``planned_steps``: the steps it was asked for,
+    by default the points it recorded).
 
     Returns ``learning_rate``, ``lr_range`` [lr where the loss starts to fall, lr of the minimum],
     ``method``, ``min_loss_lr``, ``steepest_lr``, ``diverged_at`` (lr or None), ``smoothed``,
-    ``beta``, ``poly`` {degree, coefficients (of log10 lr), rmse} and ``log_fit`` {a, b, rmse}.
+    ``beta``, ``poly`` {degree, coefficients (of log10 lr), rmse}, ``log_fit`` {a, b, rmse} and
+    ``references`` (fastai's and Lightning's suggestions, :mod:`pipelines.lr_search.references`,
+    on the curve as a finder records it: up to and including the point where it diverged).
     Raises StageError for a curve too short to analyse (fewer than 10 usable points).
     """
     import numpy as np
@@ -214,7 +219,9 @@ def suggest(
     lo_x, hi_x, steep_x, value, method = pick_rate(x, y, coef, degree, poly_rmse)
     value = max(value, float(lr[0]))
     a, b, log_rmse = log_fit(x, y, lo_x, hi_x)
-    refs = {"fastai_valley": fastai_valley(lr[:end], smoothed[:end]), "lightning": lightning_steepest(lr[:end], smoothed[:end])}
+    recorded = lr.size if div is None else div + 1
+    refs = {"fastai_valley": fastai_valley(lr[:recorded], smoothed[:recorded], planned_steps),
+            "lightning": lightning_steepest(lr[:recorded], smoothed[:recorded])}
     return {
         "learning_rate": float(value),
         "lr_range": [float(10**lo_x), float(10**hi_x)],
@@ -229,43 +236,6 @@ def suggest(
         "fit_points": {"x": [float(v) for v in x], "y": [float(v) for v in y]},
         "references": refs,
     }
-
-
-def fastai_valley(lrs: Any, smoothed: Any) -> float | None:
-    """fastai's ``valley`` rule, for comparison: the longest run of decreasing (not necessarily
-    adjacent) smoothed losses, and the rate a little past a third of the way along it (the
-    ``max_start + sections + sections/2`` index of its documentation)."""
-    import numpy as np
-
-    y = np.asarray(smoothed, dtype=float)
-    n = y.size
-    if n < 2 or not np.all(np.isfinite(y)):
-        return None
-    length, prev = np.ones(n, dtype=int), np.full(n, -1)
-    for i in range(1, n):
-        lower = np.nonzero(y[:i] > y[i])[0]
-        if lower.size:
-            j = lower[np.argmax(length[lower])]
-            length[i], prev[i] = length[j] + 1, j
-    end = int(np.argmax(length))
-    start = end
-    while prev[start] >= 0:
-        start = int(prev[start])
-    sections = (end - start) / 3
-    return float(lrs[min(n - 1, start + int(sections) + int(sections / 2))])
-
-
-def lightning_steepest(lrs: Any, smoothed: Any, skip_begin: int = 10, skip_end: int = 1) -> float | None:
-    """PyTorch Lightning's learning-rate finder suggestion, for comparison: the rate of the most
-    negative gradient of the smoothed loss, the first ``skip_begin`` and last ``skip_end`` points
-    left out."""
-    import numpy as np
-
-    y = np.asarray(smoothed, dtype=float)[skip_begin : len(smoothed) - skip_end]
-    y = y[np.isfinite(y)]
-    if y.size < 2:
-        return None
-    return float(lrs[skip_begin + int(np.argmin(np.gradient(y)))])
 
 
 class Trial(NamedTuple):
@@ -292,16 +262,17 @@ def choose(
     beta: float | None = None,
     divergence_factor: float = 4.0,
     run_trial: Callable[[float], float] | None = None,
+    planned_steps: int | None = None,
 ) -> dict[str, Any]:
     """The chosen rate: the curve's analysis (:func:`suggest`), then, with a clear descent, a short
     confirmation run (``run_trial(lr) -> loss``) at each of ``CANDIDATE_FACTORS`` × the min-loss
     rate of the polynomial fit, keeping the rate whose run ends lowest.  Without ``run_trial`` or
-    without a clear descent, :func:`suggest`'s value is taken as it is.
+    without a clear descent, :func:`suggest`'s value is taken as it is (``planned_steps``: as there).
 
     Returns ``learning_rate``, ``method``, ``reason`` (one line), ``candidates``
     [{lr, trial_loss}] and ``analysis`` (:func:`suggest`'s dict).
     """
-    analysis = suggest(lrs, losses, beta=beta, divergence_factor=divergence_factor)
+    analysis = suggest(lrs, losses, beta=beta, divergence_factor=divergence_factor, planned_steps=planned_steps)
     lo, hi = analysis["lr_range"]
     if run_trial is None or analysis["method"].startswith("min_loss/10"):
         return {

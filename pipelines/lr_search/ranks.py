@@ -189,7 +189,8 @@ def search(job: SearchJob, hvd) -> dict[str, Any]:
     started = time.perf_counter()
     trial = confirmation(t, len(job.y), sum(job.batches))
     choice = choose(curve["lr"], curve["loss"], beta=beta, divergence_factor=rt.DIVERGENCE_FACTOR,
-                    run_trial=lambda lr: test.trial(lr, trial.steps, trial.warmup, t.lr_schedule))
+                    run_trial=lambda lr: test.trial(lr, trial.steps, trial.warmup, t.lr_schedule),
+                    planned_steps=len(rates))
     choice["seconds"] = time.perf_counter() - started
     curve["rows"]["confirmation"] = {"steps_per_run": trial.steps, "rows_per_run": trial.steps * sum(job.batches),
                                      "rows": "the training's own first rows, as its epochs order them"}

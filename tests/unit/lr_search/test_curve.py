@@ -14,15 +14,14 @@ from pipelines.lr_search.curve import (
     choose,
     confirmation,
     ema_lag,
-    fastai_valley,
     find_divergence,
     fit_points,
-    lightning_steepest,
     log_fit,
     pick_rate,
     smooth,
     suggest,
 )
+from pipelines.lr_search.references import fastai_valley, lightning_steepest
 
 pytestmark = pytest.mark.trainer
 
@@ -219,11 +218,13 @@ def test_confirmation_runs_are_a_fraction_of_the_training():
     assert long.steps == 160 and long.warmup == 40  # a fifth of the training, at most 160 steps
 
 
-def test_reference_rules_on_a_known_curve():
-    lrs = np.geomspace(1e-4, 1, 50)
-    x = np.log10(lrs)
-    smoothed = 2.0 - 1.0 / (1 + np.exp(-4 * (x + 2)))  # steepest at 10^-2, falling all the way
-    assert lightning_steepest(lrs, smoothed) == pytest.approx(1e-2, rel=0.25)
-    valley = fastai_valley(lrs, smoothed)
-    assert lrs[0] < valley < lrs[-1]  # a third and a half along the whole decreasing run
-    assert fastai_valley(lrs, [float("nan")] * 50) is None
+def test_suggest_reports_the_published_rules_on_the_curve_a_finder_records():
+    """Up to and including the point where the curve diverged (where a finder stops), with the
+    steps the test was asked for."""
+    lrs, loss = u_shaped()
+    out = suggest(lrs, loss, planned_steps=120)
+    recorded = int(np.searchsorted(lrs, out["diverged_at"])) + 1
+    smoothed = out["smoothed"][:recorded]
+    assert out["references"] == {"fastai_valley": fastai_valley(lrs[:recorded], smoothed, 120),
+                                 "lightning": lightning_steepest(lrs[:recorded], smoothed)}
+    assert out["references"]["fastai_valley"] != fastai_valley(lrs[:recorded], smoothed)  # 12 points dropped, not 10
