@@ -4,11 +4,11 @@ calibration children."""
 from __future__ import annotations
 
 import pytest
+
 from estimate.pools import (
     LOCAL_POOL,
     pool,
 )
-
 from pipelines.errors import StageError
 from pipelines.estimate.calibrate import fit_step_time, max_batch
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 
 import pytest
+
 from estimate.pools import (
     JOB,
     LARGE_MODEL,
@@ -17,7 +18,6 @@ from estimate.pools import (
     devices,
     pool,
 )
-
 from pipelines.errors import StageError
 from pipelines.estimate.planner import (
     PS_APPLY_BPS,

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import pytest
-from estimate.banks import bank_for_pool, job_features, synthetic_rows, true_step
 
+from estimate.banks import bank_for_pool, job_features, synthetic_rows, true_step
 from pipelines.errors import StageError
 from pipelines.stores.profile_bank import ProfileBank
 

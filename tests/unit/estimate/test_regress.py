@@ -5,8 +5,8 @@ from __future__ import annotations
 import random
 
 import pytest
-from estimate.banks import random_model, synthetic_rows, true_memory, true_step
 
+from estimate.banks import random_model, synthetic_rows, true_memory, true_step
 from pipelines.estimate.regress import STEP_LAWS, fit_bank, select
 from pipelines.stores.profile_bank import BankError, ProfileBank
 

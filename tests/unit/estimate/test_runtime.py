@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import pytest
+
 from estimate.pools import (
     LARGE_MODEL,
     PROFILES,
     SMALL_MODEL,
     auto_plan,
 )
-
 from pipelines.core.plan import check_plan
 from pipelines.estimate.runtime import pick_strategy, predict_parts
 

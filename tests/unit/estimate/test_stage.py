@@ -7,6 +7,7 @@ import json
 import re
 
 import pytest
+
 from estimate.banks import synthetic_rows
 from estimate.pools import (
     LOCAL_POOL,
@@ -14,7 +15,6 @@ from estimate.pools import (
     POOL,
     PROFILES,
 )
-
 from pipelines.core.plan import check_plan
 from pipelines.errors import StageError
 from pipelines.spec import load_pool
