@@ -16,8 +16,8 @@ from pipelines.errors import EXIT_BAD_INPUT, EXIT_DIVERGED, EXIT_FAILED
 from pipelines.spec import SpecError, load_spec
 from pipelines.stores.rundir import RunDir
 from pipelines.sync.horovod_job import print_result
-from pipelines.train.job import DivergedError, TrainingError, read_plan
 from pipelines.train.ps_cluster import ParameterServerLost
+from pipelines.train.rank_job import DivergedError, TrainingError, read_plan
 from pipelines.train.result import completed, train_input_key
 
 log = logging.getLogger("pipelines.train")

@@ -28,9 +28,9 @@ import sys
 from pipelines.errors import EXIT_BAD_INPUT
 from pipelines.launch.lifetime import die_with_parent
 from pipelines.train.command import parse_args, train_once
-from pipelines.train.job import TrainingError
 from pipelines.train.ps_chief import Chief
 from pipelines.train.ps_cluster import task_of
+from pipelines.train.rank_job import TrainingError
 
 log = logging.getLogger("pipelines.train")
 

@@ -24,7 +24,6 @@ from pipelines.models import build_model
 from pipelines.sync.balance import compute_shares, scaled_learning_rate, scheduled_lr
 from pipelines.train.checkpoints import Checkpoints
 from pipelines.train.combiners import check_combine, resolve_combiner
-from pipelines.train.job import DivergedError, TrainingError, load_job
 from pipelines.train.ps_cluster import (
     ParameterServerLost,
     strategy,
@@ -34,6 +33,7 @@ from pipelines.train.ps_cluster import (
 )
 from pipelines.train.ps_server import MOMENTUM, RECORD, Server, build_update
 from pipelines.train.ps_summary import Tally, parameter_server_section, worker_figures
+from pipelines.train.rank_job import DivergedError, TrainingError, load_job
 from pipelines.train.result import PARAMETER_SERVER, RunFigures, RunSummary
 from pipelines.train.training_run import TrainingRun
 

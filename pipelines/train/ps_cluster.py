@@ -15,7 +15,7 @@ import time
 from typing import Any
 
 from pipelines.launch.tfconfig import ENV
-from pipelines.train.job import TrainingError
+from pipelines.train.rank_job import TrainingError
 
 
 class ParameterServerLost(RuntimeError):

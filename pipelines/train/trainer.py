@@ -40,7 +40,7 @@ from pipelines.train.calibration import calibration_batch, probe_rate
 from pipelines.train.checkpoints import Checkpoints
 from pipelines.train.command import parse_args, train_once
 from pipelines.train.events import ACTIVATION_ROWS
-from pipelines.train.job import DivergedError, cpu_quota_reader, load_job
+from pipelines.train.rank_job import DivergedError, cpu_quota_reader, load_job
 from pipelines.train.rebalance import Rebalancer
 from pipelines.train.result import RunFigures
 from pipelines.train.training_run import TrainingRun

@@ -17,7 +17,7 @@ from typing import Any
 
 from pipelines.train.events import EventWriter
 from pipelines.train.export import export_saved_model, save_weights
-from pipelines.train.job import TrainJob
+from pipelines.train.rank_job import TrainJob
 from pipelines.train.result import RunFigures, RunSummary
 from pipelines.train.warm import WEIGHTS, warm_start
 

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from pipelines.stores.models import WEIGHTS, ModelStore  # WEIGHTS: in train/ and every published version
-from pipelines.train.job import TrainingError
+from pipelines.train.rank_job import TrainingError
 
 log = logging.getLogger("pipelines.train")
 

@@ -21,7 +21,7 @@ from airflow.sdk import BaseOperator
 from airflow.sdk.exceptions import AirflowFailException
 
 from hetero.links import LINKS, stage_links
-from hetero.runners.base import Deferred, Runner
+from hetero.runners.protocol import Deferred, Runner
 from hetero.runners.table import runner_for
 from hetero.task_context import identity_from_context, validate_params
 from pipelines.core.stages import RANK_PROGRAMS

@@ -35,8 +35,8 @@ from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
 
 from hetero.operators import RunnerOperator, no_retry_for_bad_ranks
 from hetero.params import default_job, job_params
-from hetero.runners.base import Runner
 from hetero.runners.local_runner import LocalCommandRunner, trainer_python
+from hetero.runners.protocol import Runner
 from hetero.task_context import PROJECT_ROOT, stage_context
 from pipelines.core.profiling_commands import (
     DEFAULT_SIZE,

@@ -26,7 +26,7 @@ from kubernetes.client import models as k8s_models
 from hetero.kube.gang_kinds import CALIBRATION, HOROVOD, PARAMETER_SERVER, PROFILE, GangKind
 from hetero.kube.gang_manager import GangManager
 from hetero.kube.pods import Connection, CoreV1Like, build_pod, rank
-from hetero.runners.base import Deferred
+from hetero.runners.protocol import Deferred
 from hetero.task_context import carried_inputs, identity_from_context
 from hetero.triggers import GangTrigger
 from pipelines.core.plan import default_plan, load_plan

@@ -17,7 +17,7 @@ from typing import Any
 
 from airflow.sdk.exceptions import TaskDeferred
 
-from hetero.runners.base import Deferred, Runner
+from hetero.runners.protocol import Deferred, Runner
 from hetero.stage_pod import StagePodOperator
 from pipelines.spec import JobSpec
 

@@ -16,8 +16,8 @@ from collections.abc import Callable
 from types import ModuleType
 from typing import Any
 
-from hetero.runners.base import Runner
 from hetero.runners.local_runner import LocalRunner
+from hetero.runners.protocol import Runner
 from pipelines.core.plan import plan_strategy
 from pipelines.spec import JobSpec
 

@@ -14,8 +14,8 @@ from pipelines.core.plan import plan_strategy
 from pipelines.core.stages import ps_command
 from pipelines.launch.tfconfig import cluster_spec, tasks, tf_config
 from pipelines.spec import load_spec
-from pipelines.train.job import TrainingError
 from pipelines.train.ps_cluster import ParameterServerLost, reachable, task_of, wait_for_tasks
+from pipelines.train.rank_job import TrainingError
 
 CLUSTER = cluster_spec("h:1", ["h:2", "h:3"], ["h:4"])
 

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from promote.versions import finished_run, holdout_shards, linear_model, publish_analyze_promote, spec
 
-from pipelines.train.job import TrainingError
+from pipelines.train.rank_job import TrainingError
 from pipelines.train.result import promoted_version
 from pipelines.train.warm import warm_start
 

@@ -8,7 +8,7 @@ from types import SimpleNamespace
 import pytest
 
 from pipelines.stores.rundir import RunDir
-from pipelines.train.job import NO_CAP, TrainingError, base_learning_rate, place, read_plan
+from pipelines.train.rank_job import NO_CAP, TrainingError, base_learning_rate, place, read_plan
 
 pytestmark = pytest.mark.trainer
 
@@ -86,7 +86,7 @@ def test_load_job_leaves_the_training_rows_in_their_mapped_shards(tmp_path):
     import pyarrow as pa
 
     from pipelines.data.reader import ShardedRows
-    from pipelines.train.job import load_job
+    from pipelines.train.rank_job import load_job
 
     rng = np.random.default_rng(0)
     x, y = rng.normal(size=(50, 4)).astype(np.float32), rng.integers(0, 3, 50).astype(np.int32)
