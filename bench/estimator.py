@@ -38,6 +38,13 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from pipelines.data.sample import generate  # noqa: E402
+from pipelines.estimate.probe import probe_pool  # noqa: E402
+from pipelines.estimate.reference import REFERENCE_MODELS, job_spec, reference_runs, run_pipeline  # noqa: E402
+from pipelines.estimate.regress import MEMORY_LAWS, STEP_LAWS, fit_law, mape, select  # noqa: E402
+from pipelines.estimate.sweep import profile_device  # noqa: E402
+from pipelines.stores.profile_bank import ProfileBank  # noqa: E402
+
 POOL = ROOT / "examples" / "pool-local.yaml"
 # (model, kwargs, global batch): not in the family (its ids), not reference models.
 RUNS = (
@@ -52,8 +59,6 @@ RUNS = (
 
 def law_errors(rows: list[dict]) -> dict:
     """Held-out, extrapolation and memory errors of one device type's sweep rows."""
-    from pipelines.estimate.regress import MEMORY_LAWS, STEP_LAWS, fit_law, mape, select
-
     step = select(rows, "step_s", STEP_LAWS)
     flops = sorted({r["train_flops_per_sample"] for r in rows})
     cut = flops[int(0.75 * (len(flops) - 1))]
@@ -77,28 +82,26 @@ def main() -> int:
     p.add_argument("--size", default="medium", help="sweep size (default: %(default)s)")
     p.add_argument("--out", default=None, help="work folder (default: a new temporary folder)")
     p.add_argument("--runs", type=int, default=len(RUNS), help="evaluation runs (default: %(default)s)")
-    p.add_argument("--rows-per-day", type=int, default=2000)
+    p.add_argument("--rows-per-day", type=int, default=2000, help="sample rows per day of the runs' data, 3 days (default: %(default)s)")
+    p.add_argument("--references", type=int, default=len(REFERENCE_MODELS),
+                   help="how many of the reference models to run (default: all %(default)s)")
+    p.add_argument("--pool", default=str(POOL), help="the pool file (default: %(default)s)")
     args = p.parse_args()
-    from pipelines.data.sample import generate
-    from pipelines.estimate.probe import probe_pool
-    from pipelines.estimate.reference import job_spec, reference_runs, run_pipeline
-    from pipelines.estimate.sweep import profile_device
-    from pipelines.stores.profile_bank import ProfileBank
-
     work = Path(args.out or tempfile.mkdtemp(prefix="bench-estimator-"))
     bank_uri = str(work / "bank")
     started = time.time()
-    sweeps = {dev: profile_device(str(POOL), dev, bank_uri, args.size) for dev in ("fast", "slow")}
-    link = probe_pool(str(POOL), bank_uri)
+    sweeps = {dev: profile_device(args.pool, dev, bank_uri, args.size) for dev in ("fast", "slow")}
+    link = probe_pool(args.pool, bank_uri)
     sweep_s = time.time() - started
     rows = [r for r in ProfileBank(bank_uri).steps() if r["kind"] == "sweep"]
     laws = {dev: law_errors([r for r in rows if r["device"] == dev]) for dev in ("fast", "slow")}
-    reference = reference_runs(str(POOL), bank_uri, work / "reference")
+    reference = reference_runs(args.pool, bank_uri, work / "reference", models=REFERENCE_MODELS[: args.references])
     data = work / "data"
     generate(str(data), rows_per_day=args.rows_per_day, days=3)
     runs = []
     for i, (model, kwargs, gb) in enumerate(RUNS[: args.runs]):
-        spec = job_spec(str(data), str(POOL), work, bank_uri, model, kwargs, global_batch=gb, epochs=2, calibrate="never")
+        spec = job_spec(str(data), str(Path(args.pool).resolve()), work, bank_uri, model, kwargs, global_batch=gb, epochs=2,
+                        calibrate="never")
         run_id = f"eval-{i}"
         results = run_pipeline(spec, work / "runs" / run_id, run_id=run_id, dag_id="bench")
         a = results["analyze"]

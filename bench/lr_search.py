@@ -40,6 +40,12 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from pipelines.data.sample import generate  # noqa: E402
+from pipelines.preload.stage import preload as preload_stage  # noqa: E402
+from pipelines.spec import DatasetSpec  # noqa: E402
+from pipelines.stores.rundir import write_json  # noqa: E402
+
+POOL = ROOT / "examples" / "pool-local.yaml"
 GRIDS = {"sgd": [10 ** (e / 2) for e in range(-6, 1)], "adam": [10 ** (e / 2) for e in range(-8, -1)]}
 COMBOS = [(m, b, o) for m in ("tiny_mlp", "small_cnn") for b in (64, 256) for o in ("sgd", "adam")]
 FAST_SHARE = 0.7  # of the global batch on the fast device (it has 2.5x the slow one's CPU)
@@ -47,19 +53,14 @@ FAST_SHARE = 0.7  # of the global batch on the fast device (it has 2.5x the slow
 
 def prepare(work: Path, rows_per_day: int, days: int, seed: int) -> dict:
     """The sample task preloaded once by the real preload stage; returns the preload result."""
-    from pipelines.data.sample import generate
-    from pipelines.preload.stage import preload
-    from pipelines.spec import DatasetSpec
-
     data = work / "data"
     generate(str(data), rows_per_day=rows_per_day, days=days, seed=seed)
-    return preload(DatasetSpec(uri=str(data), holdout_fraction=0.1), work / "preload", seed=seed)
+    return preload_stage(DatasetSpec(uri=str(data), holdout_fraction=0.1), work / "preload", seed=seed)
 
 
-def make_run(work: Path, name: str, preload: dict, model: str, batch: int, optimizer: str, lr, epochs: int) -> Path:
+def make_run(work: Path, name: str, preload: dict, model: str, batch: int, optimizer: str, lr, epochs: int,
+             pool: str) -> Path:
     """A run directory with the shared preload result, a two-rank plan and the job spec."""
-    from pipelines.stores.rundir import write_json
-
     run = work / name
     shutil.rmtree(run, ignore_errors=True)
     write_json(run / "preload" / "result.json", preload)
@@ -73,7 +74,7 @@ def make_run(work: Path, name: str, preload: dict, model: str, batch: int, optim
         "model": {"name": model},
         "training": {"epochs": epochs, "global_batch": batch, "learning_rate": lr, "reference_batch": batch,
                      "optimizer": optimizer, "seed": 1},
-        "pool": str(ROOT / "examples" / "pool-local.yaml"),
+        "pool": pool,
         "artifact_root": str(work),
     }
     write_json(run / "spec.json", spec)
@@ -100,8 +101,8 @@ def final_loss(run: Path) -> float:
     return statistics.fmean(tail) if tail and all(math.isfinite(v) for v in tail) else math.inf
 
 
-def train_at(work: Path, name: str, preload: dict, combo: tuple, lr: float, epochs: int) -> dict:
-    run = make_run(work, name, preload, *combo, lr=lr, epochs=epochs)
+def train_at(work: Path, name: str, preload: dict, combo: tuple, lr: float, epochs: int, pool: str) -> dict:
+    run = make_run(work, name, preload, *combo, lr=lr, epochs=epochs, pool=pool)
     try:
         _, seconds = stage("train", run)
         return {"lr": lr, "loss": final_loss(run), "seconds": seconds}
@@ -113,14 +114,17 @@ def train_at(work: Path, name: str, preload: dict, combo: tuple, lr: float, epoc
         shutil.rmtree(run / "train", ignore_errors=True)
 
 
-def one_combo(work: Path, preload: dict, combo: tuple, epochs: int) -> dict:
+def one_combo(work: Path, preload: dict, combo: tuple, epochs: int, grid_rates: list[float] | None, pool: str) -> dict:
+    """The search, the grid (``grid_rates``, or the optimizer's 7 points), the chosen rate and the
+    reference rules' rates of one combination, each trained on ``pool``."""
     model, batch, optimizer = combo
     tag = f"{model}-{batch}-{optimizer}"
-    run = make_run(work, f"{tag}-search", preload, *combo, lr="auto", epochs=epochs)
+    run = make_run(work, f"{tag}-search", preload, *combo, lr="auto", epochs=epochs, pool=pool)
     found, search_s = stage("lr_search", run)
-    grid = [train_at(work, f"{tag}-grid{i}", preload, combo, lr, epochs) for i, lr in enumerate(GRIDS[optimizer])]
-    chosen = train_at(work, f"{tag}-chosen", preload, combo, found["learning_rate"], epochs)
-    refs = {name: train_at(work, f"{tag}-{name}", preload, combo, lr, epochs)
+    grid = [train_at(work, f"{tag}-grid{i}", preload, combo, lr, epochs, pool)
+            for i, lr in enumerate(grid_rates or GRIDS[optimizer])]
+    chosen = train_at(work, f"{tag}-chosen", preload, combo, found["learning_rate"], epochs, pool)
+    refs = {name: train_at(work, f"{tag}-{name}", preload, combo, lr, epochs, pool)
             for name, lr in found["references"].items() if lr}
     best = min(g["loss"] for g in grid)
     row = {
@@ -161,8 +165,12 @@ def main() -> None:
     p.add_argument("--epochs", type=int, default=2)
     p.add_argument("--combos", default="all", help="all, or comma-separated model-batch-optimizer, e.g. tiny_mlp-64-sgd")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--grid", default=None,
+                   help="comma-separated rates of the grid, for every combination (default: the optimizer's 7 points)")
+    p.add_argument("--pool", default=str(POOL), help="the pool file (default: %(default)s)")
     p.add_argument("--out", default=None, help="folder for runs.json (default: a temporary one, kept)")
     args = p.parse_args()
+    grid = [float(r) for r in args.grid.split(",")] if args.grid else None
     combos = COMBOS if args.combos == "all" else [
         (m, int(b), o) for m, b, o in (c.rsplit("-", 2) for c in args.combos.split(","))]
     work = Path(tempfile.mkdtemp(prefix="bench-lr-"))
@@ -170,13 +178,15 @@ def main() -> None:
     try:
         preload = prepare(work, args.rows_per_day, 3, args.seed)
         print(f"{preload['rows_train']} training rows; {len(combos)} combinations, {args.epochs} epochs each", flush=True)
-        rows = [one_combo(work, preload, combo, args.epochs) for combo in combos]
+        rows = [one_combo(work, preload, combo, args.epochs, grid, str(Path(args.pool).resolve())) for combo in combos]
         out.mkdir(parents=True, exist_ok=True)
         (out / "runs.json").write_text(json.dumps(rows, indent=1, default=str))
         summary = summarise(rows)
         summary["rows_train"] = preload["rows_train"]
         summary["epochs"] = args.epochs
     finally:
+        if out != work:
+            shutil.rmtree(work, ignore_errors=True)
         for child in work.iterdir() if work.exists() else []:
             if child.name != "runs.json":
                 shutil.rmtree(child, ignore_errors=True) if child.is_dir() else child.unlink()

@@ -1,13 +1,13 @@
 """Benchmark: preload throughput against plain ``pyarrow.parquet.read_table`` of the same files.
 
-Usage: ``python bench/preload.py [--rows-per-day N] [--days D] [--repeats R] [--work DIR]``
+Usage: ``python bench/preload.py [--rows-per-day N] [--days D] [--repeats R] [--shard-rows N] [--slow-share S] [--work DIR]``
 
 Writes the sample dataset, warms the page cache, then alternates, ``repeats`` times, a plain
 ``pyarrow.parquet.read_table`` of the same files (the faster of one call over the list and one call
 per file) and a full preload (validation, conversion,
 held-out split, statistics and shard writing, cache disabled by a fresh cache root each time),
 keeping the best time of each.  It also measures a rank's private memory while it reads training
-batches from shards of 65,536 rows of 784 float32 features, for 1 and 4 shards
+batches from shards of 65,536 rows (``--shard-rows``) of 784 float32 features, for 1 and 4 shards
 (:func:`rank_private_mb`).  The last line printed is one JSON object:
 ``{"vs_raw_pyarrow": preload rows/s / read_table rows/s, "input_wait_fraction": ..., "rows": ...,
 "rank_private_mb_by_rows": {rows: MB}}``.
@@ -26,6 +26,12 @@ import textwrap
 import time
 from pathlib import Path
 
+from pipelines.data.sample import generate
+from pipelines.launch.local import Profile
+from pipelines.preload.convert import DEFAULT_BATCH_BYTES
+from pipelines.preload.stage import preload
+from pipelines.spec import DatasetSpec
+
 ROOT = Path(__file__).resolve().parents[1]
 SHARD_ROWS, FEATURES = 65_536, 784  # the preload stage's shard, an MNIST-sized row
 
@@ -33,10 +39,6 @@ SHARD_ROWS, FEATURES = 65_536, 784  # the preload stage's shard, an MNIST-sized 
 def measure_preload(work: Path, rows_per_day: int, days: int, repeats: int) -> dict:
     """Best-of-``repeats`` rows per second of preload and of ``read_table`` over the same files."""
     import pyarrow.parquet as pq
-
-    from pipelines.data.sample import generate
-    from pipelines.preload.stage import preload
-    from pipelines.spec import DatasetSpec
 
     data = work / "data"
     files = generate(str(data), rows_per_day=rows_per_day, days=days)["files"]
@@ -72,21 +74,21 @@ def measure_preload(work: Path, rows_per_day: int, days: int, repeats: int) -> d
     }
 
 
-def measure_input_wait(global_batch: int = 256, steps: int = 30) -> float:
+def measure_input_wait(global_batch: int = 256, steps: int = 30, slow_share: float = 0.4) -> float:
     """Time the ranks wait for input / step time: a balanced two-rank run of the sample CNN
-    (a fast and a 40%-quota rank) reading preloaded shards; the worse rank's fraction."""
+    (a fast rank and one under a ``slow_share`` quota) reading preloaded shards; the worse rank's
+    fraction."""
     import argparse as _argparse
 
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/hetero.py, also when imported from a test
     from hetero import measure, prepare, write_spec
-    from pipelines.launch.local import Profile
 
     work = Path(tempfile.mkdtemp(prefix="bench-input-"))
     try:
         run = prepare(work, rows=4000, seed=0)
         args = _argparse.Namespace(warmup=5, steps=steps, window=5, global_batch=global_batch)
         write_spec(run, global_batch, epochs=max(1, -(-(steps + 5) * global_batch // 3800)))
-        result = measure(run, "input", [Profile("fast", (1,), 1.0), Profile("slow", (0,), 0.4)], None, args)
+        result = measure(run, "input", [Profile("fast", (1,), 1.0), Profile("slow", (0,), slow_share)], None, args)
         return round(max(result["input_frac"]), 4)
     finally:
         shutil.rmtree(work, ignore_errors=True)
@@ -129,8 +131,6 @@ def write_shards(folder: Path, shards: int, rows: int = SHARD_ROWS, width: int =
     import numpy as np
     import pyarrow as pa
 
-    from pipelines.preload.convert import DEFAULT_BATCH_BYTES
-
     per_batch = DEFAULT_BATCH_BYTES // (4 * width + 8)
     x = np.random.default_rng(0).random((per_batch, width), dtype=np.float32)
     feats = pa.FixedSizeListArray.from_arrays(pa.array(x.ravel()), width)
@@ -160,11 +160,11 @@ def probe_rank(paths: list[str], batch: int = 1024, copy: bool = False) -> dict:
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-def rank_private_mb(work: Path, shard_counts: tuple[int, ...] = (1, 4)) -> dict[str, float]:
+def rank_private_mb(work: Path, shard_counts: tuple[int, ...] = (1, 4), shard_rows: int = SHARD_ROWS) -> dict[str, float]:
     """A rank's peak private memory growth (MB) while it reads one epoch, by training rows."""
     out = {}
     for n in shard_counts:
-        m = probe_rank(write_shards(work / f"shards-{n}", n))
+        m = probe_rank(write_shards(work / f"shards-{n}", n, rows=shard_rows))
         out[str(m["rows"])] = round(m["private_mb"], 1)
         shutil.rmtree(work / f"shards-{n}")
     return out
@@ -177,19 +177,23 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--days", type=int, default=5, help="daily partitions (default: %(default)s)")
     p.add_argument("--repeats", type=int, default=5, help="alternating repetitions (default: %(default)s)")
+    p.add_argument("--shard-rows", type=int, default=SHARD_ROWS,
+                   help="rows of each shard a rank reads in the memory probe (default: %(default)s)")
+    p.add_argument("--slow-share", type=float, default=0.4,
+                   help="CPU quota of the slow rank in the input-wait run (default: %(default)s)")
     p.add_argument("--work", help="working folder (default: a temporary folder, removed afterwards)")
     args = p.parse_args(argv)
     work = Path(args.work) if args.work else Path(tempfile.mkdtemp(prefix="bench-preload-"))
     try:
         figures = measure_preload(work, args.rows_per_day, args.days, args.repeats)
-        private = rank_private_mb(work / "rank-memory")
+        private = rank_private_mb(work / "rank-memory", shard_rows=args.shard_rows)
     finally:
         if not args.work:
             shutil.rmtree(work, ignore_errors=True)
     print(json.dumps(figures), file=sys.stderr)
     line = {
         "vs_raw_pyarrow": round(figures["preload_rows_per_s"] / figures["raw_rows_per_s"], 3),
-        "input_wait_fraction": measure_input_wait(),
+        "input_wait_fraction": measure_input_wait(slow_share=args.slow_share),
         "rows": figures["rows"],
         "rank_private_mb_by_rows": private,
     }

@@ -36,6 +36,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
 from hetero import prepare  # noqa: E402
+from pipelines.analyze.evaluate import evaluate as holdout  # noqa: E402
 from pipelines.launch.local import Profile, free_ports, launch, launch_ps  # noqa: E402
 from pipelines.launch.tfconfig import cluster_spec  # noqa: E402
 
@@ -114,8 +115,6 @@ def parameter_server(run: Path, name: str, workers: list[Profile], args, **train
 
 def figures(run: Path, out: Path, args, evaluate: bool = True) -> dict:
     """Steady throughput, time to the target loss and held-out accuracy of one trained configuration."""
-    from pipelines.analyze.evaluate import evaluate as holdout
-
     summary = json.loads((out / "summary.json").read_text())
     history = summary["history"]
     steady = history[1:] or history
