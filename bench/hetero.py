@@ -40,16 +40,15 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from pipelines.data.sample import generate  # noqa: E402
 from pipelines.launch.local import Profile, launch  # noqa: E402
+from pipelines.preload.stage import preload  # noqa: E402
+from pipelines.spec import DatasetSpec  # noqa: E402
+from pipelines.stores.rundir import write_json  # noqa: E402
 
 
 def prepare(work: Path, rows: int, seed: int) -> Path:
     """A run directory with the sample task preloaded by the real preload stage."""
-    from pipelines.data.sample import generate
-    from pipelines.preload.stage import preload
-    from pipelines.spec import DatasetSpec
-    from pipelines.stores.rundir import write_json
-
     data = work / "data"
     generate(str(data), rows_per_day=rows, days=1, seed=seed)
     run = work / "run"
@@ -106,6 +105,7 @@ def measure(run: Path, name: str, profiles: list[Profile], batches: list[int] | 
         "input_frac": [i / seconds for i in inp],
         "quota_enforced": result.quota_enforced,
         "seconds": seconds,
+        "windows": [{"step": h["step"], "seconds": h["seconds"]} for h in steady],
         "checkpoint_saves": summary["checkpoint_saves"],
     }
 
