@@ -36,7 +36,7 @@ demo: setup data
 test: setup test-trainer test-airflow
 
 ## TRAINER_TESTS / AIRFLOW_TESTS narrow a run, e.g. make test-airflow AIRFLOW_TESTS=tests/k8s/test_manifests.py
-TRAINER_TESTS ?= tests/unit tests/integration/trainer
+TRAINER_TESTS ?= tests/unit tests/integration/trainer tests/bench
 AIRFLOW_TESTS ?= tests/dags tests/k8s tests/cluster tests/integration/airflow
 
 test-trainer:

@@ -1,0 +1,156 @@
+"""Smoke tests of the benchmarks (bench/README.md): each script runs as a real process at a tiny
+size and must end with its JSON line, holding the keys bench/README.md documents with sane values.
+
+The figures mean nothing at this size (runs of a few steps, on a machine running other tests);
+what is checked is that every benchmark still runs against the current trainer, launcher and
+stages.  The slow device gets a full core here (``--slow-share 1.0``, or a pool file saying so):
+under a 40% quota its process start alone takes twice as long.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+pytestmark = [pytest.mark.trainer, pytest.mark.integration]
+
+
+def run_bench(script: str, *args, timeout_s: float = 600) -> dict:
+    """Run ``bench/<script>`` with ``args``; its last line of output, parsed as the JSON line."""
+    proc = subprocess.run([sys.executable, str(ROOT / "bench" / script), *map(str, args)],
+                          capture_output=True, text=True, cwd=ROOT, timeout=timeout_s)
+    assert proc.returncode == 0, f"{script} exited {proc.returncode}:\n{(proc.stdout + proc.stderr)[-4000:]}"
+    lines = proc.stdout.strip().splitlines()
+    assert lines, f"{script} printed nothing:\n{proc.stderr[-4000:]}"
+    return json.loads(lines[-1])
+
+
+def number(x, low: float = -math.inf, high: float = math.inf) -> bool:
+    """A finite number (not a bool) in [low, high]."""
+    return isinstance(x, int | float) and not isinstance(x, bool) and math.isfinite(x) and low <= x <= high
+
+
+def has_keys(line: dict, keys: set[str]) -> None:
+    missing = keys - line.keys()
+    assert not missing, f"the JSON line lacks {sorted(missing)}: {line}"
+
+
+@pytest.fixture
+def full_core_pool(tmp_path) -> Path:
+    """examples/pool-local.yaml with the slow device at a full core."""
+    text = (ROOT / "examples" / "pool-local.yaml").read_text()
+    assert "cpu_share: 0.4" in text
+    path = tmp_path / "pool.yaml"
+    path.write_text(text.replace("cpu_share: 0.4", "cpu_share: 1.0"))
+    return path
+
+
+def test_checkpoint():
+    line = run_bench("checkpoint.py", "--rows", 2000, "--steps", 20, "--warmup", 5, "--window", 5, "--every", 10,
+                     "--repeats", 1, "--batches", "32,32", "--slow-share", 1.0)
+    has_keys(line, {"with_vs_without", "across_runs", "save_ms", "checkpoint_ms", "histograms_ms", "every", "by_every",
+                    "seconds_without", "steps", "global_batch", "batches", "repeats", "quota_enforced"})
+    assert (line["every"], line["steps"], line["global_batch"], line["batches"], line["repeats"]) == (10, 20, 64, [32, 32], 1)
+    figures = line["by_every"]["10"]
+    assert figures["saves"] == 2  # at steps 10 and 20; the save at the last step (25) comes after the loop
+    # a run with saves cannot be much faster than one without, and saves of a small model take
+    # milliseconds to seconds
+    assert number(line["with_vs_without"], 0.5, 50) and number(line["across_runs"], 0.5, 50)
+    low, high = figures["across_runs_spread"]
+    assert low == high == line["across_runs"]  # one repeat
+    assert line["with_vs_without"] == figures["with_vs_without"]
+    assert number(line["checkpoint_ms"], 0.1, 10_000) and number(line["save_ms"], -10_000, 10_000)
+    assert number(line["histograms_ms"], -10_000, 10_000)
+    assert number(line["seconds_without"], 0.001, 600) and isinstance(line["quota_enforced"], bool)
+
+
+def test_hetero():
+    line = run_bench("hetero.py", "--rows", 2000, "--global-batch", 64, "--steps", 10, "--warmup", 5, "--window", 5,
+                     "--rounds", 1, "--no-reverse", "--tune-steps", 10, "--slow-share", 1.0)
+    ratios = {"balanced_vs_equal", "balanced_vs_ideal", "balanced_vs_side_by_side", "scaling_efficiency", "speed_ratio"}
+    has_keys(line, ratios | {"spread", "samples_per_sec", "balanced_batches", "global_batch", "slow_period_ms", "rounds",
+                             "quota_enforced", "cpu_count"})
+    for name in ratios:
+        assert number(line[name], 0.05, 20), (name, line[name])
+        low, high = line["spread"][name]
+        assert low <= line[name] <= high
+    assert set(line["samples_per_sec"]) == {"balanced", "equal", "fast_alone", "slow_alone", "both_alone",
+                                             "one_full", "two_full"}
+    assert all(number(v, 1) for v in line["samples_per_sec"].values()), line["samples_per_sec"]
+    assert line["rounds"] == 1 and line["global_batch"] == 64 and sum(line["balanced_batches"][0]) == 64
+    assert isinstance(line["quota_enforced"], bool) and line["cpu_count"] >= 1
+
+
+def test_strategies():
+    line = run_bench("strategies.py", "--rows", 1000, "--epochs", 1, "--global-batch", 128, "--standalone-steps", 10,
+                     "--model", '{"name": "tiny_mlp"}', "--only", "horovod_balanced,ps_async,ps_bounded",
+                     "--slow-share", 1.0, "--target-loss", 100)
+    has_keys(line, {"strategies", "standalone_samples_per_sec", "async_vs_standalone_sum", "async_accuracy_gap",
+                    "bounded_accuracy_gap", "combiner", "async_momentum", "learning_rate", "rows", "epochs",
+                    "global_batch", "slow_share", "max_staleness", "target_loss"})
+    assert set(line["strategies"]) == {"horovod_balanced", "ps_async", "ps_bounded"}
+    for name, row in line["strategies"].items():
+        has_keys(row, {"samples_per_sec", "seconds_to_target_loss", "holdout_accuracy", "final_loss", "train_seconds",
+                       "samples"})
+        assert number(row["samples_per_sec"], 1) and number(row["holdout_accuracy"], 0, 1), (name, row)
+        assert number(row["final_loss"], 0) and number(row["train_seconds"], 0) and row["samples"] > 0, (name, row)
+        assert number(row["seconds_to_target_loss"], 0), (name, row)  # a loss of 100 is reached at once
+        if name.startswith("ps_"):
+            has_keys(row, {"updates", "dropped", "max_staleness_seen"})
+            assert len(row["updates"]) == 2 and all(u > 0 for u in row["updates"]), (name, row)
+        else:
+            assert sum(row["batches"]) == 128
+    assert set(line["standalone_samples_per_sec"]) == {"fast", "slow"}
+    assert all(number(v, 1) for v in line["standalone_samples_per_sec"].values())
+    assert number(line["async_vs_standalone_sum"], 0.01, 20)
+    assert number(line["async_accuracy_gap"], -1, 1) and number(line["bounded_accuracy_gap"], -1, 1)
+    assert (line["rows"], line["epochs"], line["global_batch"], line["slow_share"]) == (1000, 1, 128, 1.0)
+
+
+def test_estimator(tmp_path, full_core_pool):
+    out = tmp_path / "work"
+    # no reference runs: a whole pipeline each (the profile_pool DAG's real-Airflow test runs them)
+    line = run_bench("estimator.py", "--size", "tiny", "--runs", 1, "--references", 0, "--rows-per-day", 300,
+                     "--pool", full_core_pool, "--out", out)
+    has_keys(line, {"step_time_mape_heldout", "step_time_mape_extrapolation", "memory_mape", "run_time_error_median",
+                    "run_time_error_max", "run_time_error_first", "reference_run_errors", "runs", "sweep_size",
+                    "sweep_rows", "sweep_seconds", "allreduce_latency_ms", "allreduce_bandwidth_MBps"})
+    for key in ("step_time_mape_heldout", "step_time_mape_extrapolation", "memory_mape", "run_time_error_median",
+                "run_time_error_max", "run_time_error_first"):
+        assert number(line[key], 0, 100), (key, line[key])
+    assert line["run_time_error_median"] <= line["run_time_error_max"]
+    assert line["runs"] == 1 and line["sweep_size"] == "tiny" and line["sweep_rows"] > 0
+    assert line["reference_run_errors"] == []
+    assert number(line["sweep_seconds"], 0.1) and number(line["allreduce_latency_ms"], 0)
+    assert number(line["allreduce_bandwidth_MBps"], 0.001)
+    runs = json.loads((out / "bench.json").read_text())["runs"]
+    assert len(runs) == 1 and runs[0]["actual_s"] > 0
+
+
+def test_lr_search(tmp_path, full_core_pool):
+    line = run_bench("lr_search.py", "--rows-per-day", 500, "--epochs", 1, "--combos", "tiny_mlp-64-sgd",
+                     "--grid", "0.05", "--pool", full_core_pool, "--out", tmp_path)
+    ratios = {f"{name}_vs_grid_best_{stat}" for name in ("loss", "fastai_valley", "lightning") for stat in ("median", "max")}
+    has_keys(line, ratios | {"combinations", "cost_vs_grid", "cost_vs_grid_max", "rows_train", "epochs"})
+    for key in ratios:
+        assert number(line[key], 0.001, 1e6), (key, line[key])
+    assert number(line["cost_vs_grid"], 0.001, 100) and line["cost_vs_grid"] <= line["cost_vs_grid_max"] + 1e-9
+    assert line["combinations"] == 1 and line["epochs"] == 1 and 0 < line["rows_train"] < 1500
+    runs = json.loads((tmp_path / "runs.json").read_text())
+    assert [r["combo"] for r in runs] == ["tiny_mlp-64-sgd"] and [g["lr"] for g in runs[0]["grid"]] == [0.05]
+
+
+def test_preload():
+    line = run_bench("preload.py", "--rows-per-day", 500, "--days", 2, "--repeats", 1, "--shard-rows", 2048,
+                     "--slow-share", 1.0)
+    has_keys(line, {"vs_raw_pyarrow", "input_wait_fraction", "rows", "rank_private_mb_by_rows"})
+    assert number(line["vs_raw_pyarrow"], 1e-4, 10) and number(line["input_wait_fraction"], 0, 1)
+    assert line["rows"] == 1000
+    assert set(line["rank_private_mb_by_rows"]) == {"2048", "8192"}  # 1 and 4 shards
+    assert all(number(mb, 0, 1000) for mb in line["rank_private_mb_by_rows"].values()), line["rank_private_mb_by_rows"]
