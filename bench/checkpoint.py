@@ -15,25 +15,24 @@ save every N steps for each N of ``--every`` (the first is the spec's default, 2
 that alternates between repeats.  Time is the training loop's own wall time over the measured
 steps, saves included; the epoch is longer than the run, so no epoch-end save falls in it.
 
-Every save's cost is measured in its own run: the excess of the window (``--window`` steps) it
-falls in over the median of that run's windows without a save.  It holds everything the save costs
-the job (the checkpoint, the histograms, the forward pass and the flushes, while the other rank
-waits).
-Per interval: ``with_vs_without``, the time of a run with saves over the run without them (the
-median time of the runs without saves, plus the saves a run makes times the median save's cost,
-over the former); ``across_runs``, the median over repeats of a run with saves over the run without
-them in the same repeat, and its spread: the direct comparison, which also holds whatever a save
-costs after its window, but also the machine's drift between runs, larger on a shared 2-core
-machine than the saves themselves; per save ``save_ms``, split into ``checkpoint_ms`` (the
-checkpoint alone, which the trainer times) and ``histograms_ms`` (the rest).  Ends with one JSON
-line, the first interval's figures at the top; the goal for ``with_vs_without`` is at most 1.03 at
-the default interval (bench/README.md).
+Every save's cost is measured in its own run, so the machine's drift between runs does not enter:
+its window (``--window`` steps, which the save ends) against the run's plain windows, those
+neither holding a save nor following one, and the window after it, which can be faster (the other
+rank catches up on its input while it waits).  That holds everything the save costs the job: the
+checkpoint, the histograms, the forward pass and the flushes.  Per interval: ``with_vs_without``, a
+run's time over the same run less its saves' cost (the median over repeats, and the spread);
+``across_runs``, the median over repeats of a run with saves over the run without them in the same
+repeat, and its spread: the direct comparison, but with the machine's drift between runs, larger on
+a shared 2-core machine than the saves themselves; per save ``save_ms``, the sum of
+``checkpoint_ms`` (the checkpoint alone, which the trainer times), ``histograms_ms`` (the rest of
+its window's excess) and ``after_ms`` (the next window's excess, negative when it is faster).  Ends
+with one JSON line, the first interval's figures at the top; the goal for ``with_vs_without`` is at
+most 1.03 at the default interval (bench/README.md).
 """
 
 from __future__ import annotations
 
 import argparse
-import collections
 import json
 import shutil
 import statistics
@@ -91,76 +90,86 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
-def save_costs(r: dict, window: int, last: int) -> list[dict]:
-    """Each periodic save in the measured windows of one run (``measure``'s result): its step, the
-    checkpoint's seconds as the trainer timed it, and ``seconds``, its share of its window's time
-    above the median of the run's windows without a save.  Windows are ``window`` steps from step 0
-    (no epoch ends in a run); ``last`` is the run's last step, whose save comes after the loop."""
+def save_costs(r: dict, window: int, last: int, without: dict) -> dict:
+    """What the periodic saves of one run (``measure``'s result) cost it, from its windows: ``window``
+    steps each from step 0 (no epoch ends in a run); ``last`` is the run's last step, whose save
+    comes after the loop.  A save ends its window, which is slower than the run's plain windows (those
+    neither holding a save nor following one); the window after it can be faster, the other rank
+    having caught up on its input meanwhile.  ``window_s`` and ``after_s`` are those windows' summed
+    excess over the mean plain window.  A run without plain windows (an interval of under three
+    windows) takes the mean window of ``without``, the run without saves of the same repeat.
+    ``checkpoint_s``: each save's checkpoint alone, as the trainer timed it."""
     seconds = {w["step"]: w["seconds"] for w in r["windows"]}  # the measured windows, by their last step
 
     def window_of(step: int) -> int:
         return -(-step // window) * window
 
     saves = [c for c in r["checkpoint_saves"] if c["step"] < last and window_of(c["step"]) in seconds]
-    per_window = collections.Counter(window_of(c["step"]) for c in saves)
-    plain = [s for end, s in seconds.items() if end not in per_window]
-    base = statistics.median(plain) if plain else 0.0
-    return [{"step": c["step"], "checkpoint_s": c["seconds"],
-             "seconds": (seconds[window_of(c["step"])] - base) / per_window[window_of(c["step"])]} for c in saves]
+    holding = {window_of(c["step"]) for c in saves}
+    after = {end + window for end in holding if end + window in seconds} - holding
+    plain = [s for end, s in seconds.items() if end not in holding | after]
+    base = statistics.fmean(plain or [w["seconds"] for w in without["windows"]])
+    return {"saves": len(saves), "checkpoint_s": [c["seconds"] for c in saves],
+            "window_s": sum(seconds[end] - base for end in holding), "after_s": sum(seconds[end] - base for end in after)}
 
 
 def measure_settings(run: Path, devices: list[Profile], batches: list[int], args) -> tuple[dict, dict, bool]:
     """Every repeat runs every setting (no periodic saves, then each ``--every``), in an order that
-    alternates between repeats.  Returns per setting each repeat's seconds, and per interval each
-    repeat's saves (:func:`save_costs`), and whether every run's CPU quota was enforced."""
+    alternates between repeats.  Returns per setting each repeat's seconds, per interval each
+    repeat's :func:`save_costs`, and whether every run's CPU quota was enforced."""
     settings = [NEVER, *args.every]
     seconds: dict[int, list[float]] = {n: [] for n in settings}
-    saves: dict[int, list[list[dict]]] = {n: [] for n in args.every}
+    costs: dict[int, list[dict]] = {n: [] for n in args.every}
     quota = []
     last = args.warmup + args.steps  # the run's last step: its save comes after the loop
     for k in range(args.repeats):
+        runs = {}
         for every in settings if k % 2 == 0 else list(reversed(settings)):
             write_spec(run, args.global_batch, epochs=1, checkpoint_every_steps=every)
-            r = measure(run, f"every-{every}", devices, batches, args)
+            runs[every] = measure(run, f"every-{every}", devices, batches, args)
+            quota.append(runs[every]["quota_enforced"])
+        for every, r in runs.items():
             seconds[every].append(r["seconds"])
-            quota.append(r["quota_enforced"])
-            label = "without" if every == NEVER else f"every {every}"
+            label = "without"
             if every != NEVER:
-                costs = save_costs(r, args.window, last)
-                saves[every].append(costs)
-                label += f" ({len(costs)} saves, {1000 * sum(c['seconds'] for c in costs):.0f} ms)"
-            print(f"repeat {k + 1}: {label:30s} {r['seconds']:7.2f} s for {r['steps']} steps", file=sys.stderr)
-    return seconds, saves, all(quota)
+                c = save_costs(r, args.window, last, runs[NEVER])
+                costs[every].append(c)
+                label = (f"every {every} ({c['saves']} saves: {1000 * c['window_s']:.0f} ms in their windows, "
+                         f"{1000 * c['after_s']:+.0f} ms after)")
+            print(f"repeat {k + 1}: {label:60s} {r['seconds']:7.2f} s for {r['steps']} steps", file=sys.stderr)
+    return seconds, costs, all(quota)
 
 
-def median_ms(values: list[float]) -> float | None:
-    return round(1000 * statistics.median(values), 1) if values else None
-
-
-def interval_figures(n: int, seconds: dict, saves: dict) -> dict:
+def interval_figures(n: int, seconds: dict, costs: dict) -> dict:
     """One interval's figures (see the module's docstring)."""
-    base = statistics.median(seconds[NEVER])
-    every_save = [c for run in saves[n] for c in run]
-    per_run = statistics.median(len(run) for run in saves[n])
-    cost = statistics.median(c["seconds"] for c in every_save) if every_save else 0.0
+    runs = costs[n]
+    in_run = [t / (t - c["window_s"] - c["after_s"]) for t, c in zip(seconds[n], runs, strict=True)]
     pairs = [w / o for w, o in zip(seconds[n], seconds[NEVER], strict=True)]
+    checkpoints = [s for c in runs for s in c["checkpoint_s"]]
+    saves = sum(c["saves"] for c in runs)
+
+    def per_save_ms(total_s: float) -> float | None:
+        return round(1000 * total_s / saves, 1) if saves else None
+
     return {
-        "with_vs_without": round((base + per_run * cost) / base, 4),
+        "with_vs_without": round(statistics.median(in_run), 4),
+        "with_vs_without_spread": [round(min(in_run), 4), round(max(in_run), 4)],
         "across_runs": round(statistics.median(pairs), 4),
         "across_runs_spread": [round(min(pairs), 4), round(max(pairs), 4)],
-        "save_ms": median_ms([c["seconds"] for c in every_save]),
-        "checkpoint_ms": median_ms([c["checkpoint_s"] for c in every_save]),
-        "histograms_ms": median_ms([c["seconds"] - c["checkpoint_s"] for c in every_save]),
-        "saves": round(per_run),
+        "save_ms": per_save_ms(sum(c["window_s"] + c["after_s"] for c in runs)),
+        "checkpoint_ms": per_save_ms(sum(checkpoints)),
+        "histograms_ms": per_save_ms(sum(c["window_s"] for c in runs) - sum(checkpoints)),
+        "after_ms": per_save_ms(sum(c["after_s"] for c in runs)),
+        "saves": round(statistics.median(c["saves"] for c in runs)),
     }
 
 
-def summary_line(seconds: dict, saves: dict, quota_enforced: bool, batches: list[int], args) -> dict:
+def summary_line(seconds: dict, costs: dict, quota_enforced: bool, batches: list[int], args) -> dict:
     """The final JSON line: the figures of every interval, the first one's at the top."""
-    by_every = {str(n): interval_figures(n, seconds, saves) for n in args.every}
+    by_every = {str(n): interval_figures(n, seconds, costs) for n in args.every}
     first = by_every[str(args.every[0])]
     return {
-        **{k: first[k] for k in ("with_vs_without", "across_runs", "save_ms", "checkpoint_ms", "histograms_ms")},
+        **{k: first[k] for k in ("with_vs_without", "across_runs", "save_ms", "checkpoint_ms", "histograms_ms", "after_ms")},
         "every": args.every[0],
         "by_every": by_every,
         "seconds_without": round(statistics.median(seconds[NEVER]), 2),
@@ -183,8 +192,8 @@ def main(argv: list[str] | None = None) -> int:
             write_spec(run, args.global_batch, epochs=1, checkpoint_every_steps=NEVER)
             batches = measure(run, "tune", devices, None, args, steps=args.tune_steps)["batches"]
             print(f"the trainer chose {batches}", file=sys.stderr)
-        seconds, saves, quota_enforced = measure_settings(run, devices, batches, args)
-        print(json.dumps(summary_line(seconds, saves, quota_enforced, batches, args)))
+        seconds, costs, quota_enforced = measure_settings(run, devices, batches, args)
+        print(json.dumps(summary_line(seconds, costs, quota_enforced, batches, args)))
     finally:
         if not args.keep:
             shutil.rmtree(work, ignore_errors=True)
