@@ -2,21 +2,15 @@
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
 import pytest
+from bench_modules import load_bench
 
-ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.trainer
 
 
 @pytest.fixture(scope="module")
 def bench():
-    spec = importlib.util.spec_from_file_location("bench_checkpoint", ROOT / "bench" / "checkpoint.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_bench("checkpoint")
 
 
 def run(seconds: dict[int, float], saves: dict[int, float]) -> dict:
