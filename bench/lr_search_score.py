@@ -1,0 +1,185 @@
+"""Scoring of bench/lr_search.py: the grid's rates, collapse, a combination's gaps and ratios, and a
+set of combinations' headline figures.  Pure functions on plain numbers (no TensorFlow), unit-tested
+in tests/bench/test_lr_search_score.py.
+
+A *run* here is a dict with at least ``lr``, ``seed``, ``train_loss``, ``holdout_loss``,
+``holdout_accuracy`` and ``seconds`` (NaN when it diverged before finishing).
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Iterable, Sequence
+
+# The coarse pass: half-decade steps (factor 10^0.5), 7 points per optimizer, one seed.
+COARSE = {"sgd": [10 ** (e / 2) for e in range(-6, 1)], "adam": [10 ** (e / 2) for e in range(-8, -1)]}
+COARSE_STEP = 0.5  # decades between coarse points
+MAX_EXTEND = 2  # coarse points added past an edge that is best (the grid's range was too narrow)
+FINE_STEPS = (-0.5, -0.25, 0.0, 0.25, 0.5)  # decades around the coarse best: the fine grid
+MIN_BEST_LOSS = 0.05  # a loss ratio only where the best grid held-out loss is at least this
+# Goals on the reporting set, against the fine grid (bench/README.md).
+GOALS = {
+    "holdout_accuracy_gap_median": 0.005, "holdout_accuracy_gap_max": 0.01,
+    "holdout_loss_ratio_median": 1.05, "holdout_loss_ratio_max": 1.15,
+    "cost_vs_grid": 0.10, "collapses": 0,
+}
+
+
+def rate_key(lr: float) -> float:
+    """A rate rounded to 6 significant digits: the same grid point whatever its float arithmetic."""
+    return float(f"{lr:.6g}")
+
+
+def fine_rates(center: float, steps: Sequence[float] = FINE_STEPS) -> list[float]:
+    """The fine grid around ``center``: center × 10^s for each step s (quarter-decade by default)."""
+    return [rate_key(center * 10 ** s) for s in steps]
+
+
+def collapsed(run: dict, num_classes: int) -> bool:
+    """A run *collapsed* when it diverged (non-finite training or held-out loss: the trainer stops on
+    a NaN loss), or when its held-out accuracy is below twice chance (2 / num_classes), or its
+    held-out loss is above ln(num_classes), the loss of a uniform guess: it learnt next to nothing."""
+    acc, loss, train = run.get("holdout_accuracy"), run.get("holdout_loss"), run.get("train_loss")
+    if any(v is None or not math.isfinite(v) for v in (acc, loss, train)):
+        return True
+    return acc < 2.0 / num_classes or loss > math.log(num_classes)
+
+
+def _mean(values: Sequence[float]) -> float:
+    return statistics.fmean(values) if all(math.isfinite(v) for v in values) else math.inf
+
+
+def point_means(runs: Iterable[dict], num_classes: int) -> list[dict]:
+    """The runs grouped by rate: per rate the seeds, the mean held-out accuracy (a collapsed run
+    counts with its accuracy, 0 if it has none), and the mean held-out and training losses
+    (infinite if any seed diverged), sorted by rate."""
+    by: dict[float, list[dict]] = {}
+    for r in runs:
+        by.setdefault(rate_key(r["lr"]), []).append(r)
+    out = []
+    for lr, group in sorted(by.items()):
+        accs = [r["holdout_accuracy"] if r.get("holdout_accuracy") is not None
+                and math.isfinite(r["holdout_accuracy"]) else 0.0 for r in group]
+        out.append({
+            "lr": lr, "seeds": sorted(r["seed"] for r in group),
+            "holdout_accuracy": statistics.fmean(accs),
+            "holdout_loss": _mean([_finite_or_inf(r.get("holdout_loss")) for r in group]),
+            "train_loss": _mean([_finite_or_inf(r.get("train_loss")) for r in group]),
+            "collapsed": sum(collapsed(r, num_classes) for r in group),
+        })
+    return out
+
+
+def _finite_or_inf(v: float | None) -> float:
+    return v if v is not None and math.isfinite(v) else math.inf
+
+
+def best_by_accuracy(points: Sequence[dict]) -> dict:
+    """The point with the highest mean held-out accuracy; ties go to the lower mean held-out loss."""
+    return min(points, key=lambda p: (-p["holdout_accuracy"], p["holdout_loss"]))
+
+
+def best_by_loss(points: Sequence[dict]) -> dict:
+    """The point with the lowest mean held-out loss; ties go to the higher mean held-out accuracy."""
+    return min(points, key=lambda p: (p["holdout_loss"], -p["holdout_accuracy"]))
+
+
+def coarse_best(runs: Sequence[dict], num_classes: int) -> tuple[float, int]:
+    """The coarse pass's best rate (by held-out accuracy, then loss; one seed) and where it lies:
+    -1 at the lowest rate tried, +1 at the highest (the pass should be extended), 0 inside."""
+    points = point_means(runs, num_classes)
+    best = best_by_accuracy(points)
+    i = points.index(best)
+    return best["lr"], (-1 if i == 0 else 1 if i == len(points) - 1 else 0)
+
+
+def ratio(a: float, b: float) -> float:
+    """a / b for losses: inf when a is not finite, NaN when b is not finite or not positive."""
+    if not math.isfinite(b) or b <= 0:
+        return math.nan
+    return a / b if math.isfinite(a) else math.inf
+
+
+def combo_scores(fine_runs: Sequence[dict], chosen_runs: Sequence[dict], refs: dict[str, Sequence[dict]],
+                 num_classes: int, min_best_loss: float = MIN_BEST_LOSS) -> dict:
+    """One combination's figures against its fine grid (points with their seeds' means).
+
+    ``holdout_accuracy_gap``: the best fine point's mean held-out accuracy minus the chosen rate's
+    mean over its seeds (positive: the grid did better).  ``holdout_loss_ratio``: the chosen rate's
+    mean held-out loss over the lowest fine point's, None when that lowest is under
+    ``min_best_loss`` (a ratio of near-zero losses is noise).  ``train_loss_ratio``: the same on
+    training losses (always).  ``collapses``: chosen-rate runs that collapsed (:func:`collapsed`).
+    The references (name -> runs) get the same gap and ratio, as ``<name>_holdout_accuracy_gap``,
+    ``<name>_holdout_loss_ratio``."""
+    points = point_means(fine_runs, num_classes)
+    acc_best, loss_best = best_by_accuracy(points), best_by_loss(points)
+    train_best = min(p["train_loss"] for p in points)
+    qualifies = loss_best["holdout_loss"] >= min_best_loss
+
+    def figures(runs: Sequence[dict], prefix: str) -> dict:
+        (mine,) = point_means([{**r, "lr": 1.0} for r in runs], num_classes)  # all seeds of one rate
+        return {
+            f"{prefix}holdout_accuracy": mine["holdout_accuracy"], f"{prefix}holdout_loss": mine["holdout_loss"],
+            f"{prefix}train_loss": mine["train_loss"],
+            f"{prefix}holdout_accuracy_gap": acc_best["holdout_accuracy"] - mine["holdout_accuracy"],
+            f"{prefix}holdout_loss_ratio": ratio(mine["holdout_loss"], loss_best["holdout_loss"]) if qualifies else None,
+            f"{prefix}train_loss_ratio": ratio(mine["train_loss"], train_best),
+        }
+
+    out = {
+        "best_accuracy_lr": acc_best["lr"], "best_holdout_accuracy": acc_best["holdout_accuracy"],
+        "best_loss_lr": loss_best["lr"], "best_holdout_loss": loss_best["holdout_loss"],
+        "best_train_loss": train_best, "loss_ratio_qualifies": qualifies,
+        **figures(chosen_runs, ""), "collapses": sum(collapsed(r, num_classes) for r in chosen_runs),
+        "chosen_seeds": len(chosen_runs), "points": points,
+    }
+    for name, runs in refs.items():
+        if runs:
+            out.update(figures(runs, f"{name}_"))
+    return out
+
+
+def _stats(values: Sequence[float], digits: int = 4) -> tuple[float | None, float | None]:
+    values = [v for v in values if v is not None and not (isinstance(v, float) and math.isnan(v))]
+    if not values:
+        return None, None
+    return _round(statistics.median(values), digits), _round(max(values), digits)
+
+
+def _round(v: float, digits: int) -> float | None:
+    return round(v, digits) if math.isfinite(v) else None  # JSON has no inf: None says "diverged"
+
+
+def summarise(rows: Sequence[dict], refs: Sequence[str] = ("fastai_valley", "lightning")) -> dict:
+    """A set of combinations' figures: median and max over combinations of the accuracy gap and of
+    the loss ratio (over the combinations where it qualifies; their number as
+    ``holdout_loss_ratio_combos``), of the training-loss ratio, the collapses, and ``cost_vs_grid``:
+    the summed lr_search wall time over the summed training time of the fine grids' runs (and the
+    worst combination's).  A diverged ratio is infinite and shows as None in the max."""
+    out: dict = {"combinations": len(rows)}
+    if not rows:
+        return out
+    for prefix in ("", *(f"{r}_" for r in refs)):
+        gaps = [r.get(f"{prefix}holdout_accuracy_gap") for r in rows]
+        out[f"{prefix}holdout_accuracy_gap_median"], out[f"{prefix}holdout_accuracy_gap_max"] = _stats(gaps)
+        losses = [r.get(f"{prefix}holdout_loss_ratio") for r in rows if r.get("loss_ratio_qualifies")]
+        out[f"{prefix}holdout_loss_ratio_median"], out[f"{prefix}holdout_loss_ratio_max"] = _stats(losses, 3)
+        trains = [r.get(f"{prefix}train_loss_ratio") for r in rows]
+        out[f"{prefix}train_loss_ratio_median"], out[f"{prefix}train_loss_ratio_max"] = _stats(trains, 3)
+    out["holdout_loss_ratio_combos"] = sum(bool(r.get("loss_ratio_qualifies")) for r in rows)
+    out["collapses"] = sum(r["collapses"] for r in rows)
+    out["chosen_runs"] = sum(r["chosen_seeds"] for r in rows)
+    out["cost_vs_grid"] = round(sum(r["search_s"] for r in rows) / sum(r["fine_grid_s"] for r in rows), 4)
+    out["cost_vs_grid_max"] = round(max(r["search_s"] / r["fine_grid_s"] for r in rows), 4)
+    return out
+
+
+def misses(summary: dict, goals: dict = GOALS) -> list[str]:
+    """The goals a set's summary misses (a missing or None figure misses its goal)."""
+    out = []
+    for key, goal in goals.items():
+        v = summary.get(key)
+        if v is None or v > goal:
+            out.append(key)
+    return out

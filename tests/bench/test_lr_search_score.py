@@ -1,0 +1,124 @@
+"""bench/lr_search_score.py: the grid's rates, collapse, a combination's gaps and ratios and a set's
+headline figures, on made-up runs whose answer is known."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from bench_modules import load_bench
+
+
+@pytest.fixture(scope="module")
+def score():
+    return load_bench("lr_search_score")
+
+
+def run(lr, seed, acc, loss, train=None, seconds=10.0):
+    return {"lr": lr, "seed": seed, "holdout_accuracy": acc, "holdout_loss": loss,
+            "train_loss": loss if train is None else train, "seconds": seconds}
+
+
+def test_the_fine_grid_is_quarter_decades_around_the_center_and_meets_the_coarse_points(score):
+    rates = score.fine_rates(0.01)
+    assert rates == pytest.approx([0.00316228, 0.00562341, 0.01, 0.0177828, 0.0316228], rel=1e-6)
+    assert all(b / a == pytest.approx(10 ** 0.25, rel=1e-5) for a, b in zip(rates, rates[1:], strict=False))
+    # its outer points are the coarse neighbours, so their coarse runs are reused
+    coarse = {score.rate_key(r) for r in score.COARSE["adam"]}
+    assert {rates[0], rates[2], rates[4]} <= coarse and rates[1] not in coarse
+    assert len(score.COARSE["sgd"]) == 7 and score.COARSE["sgd"][-1] == 1.0
+
+
+def test_collapse_is_divergence_or_near_chance(score):
+    assert not score.collapsed(run(0.1, 1, 0.9, 0.3), 10)
+    assert score.collapsed(run(0.1, 1, None, math.inf), 10)  # diverged: no model
+    assert score.collapsed(run(0.1, 1, 0.9, math.nan), 10)
+    assert score.collapsed(run(0.1, 1, 0.9, 0.3, train=math.inf), 10)
+    assert score.collapsed(run(0.1, 1, 0.19, 2.0), 10)  # under twice chance
+    assert not score.collapsed(run(0.1, 1, 0.21, 2.0), 10)
+    assert score.collapsed(run(0.1, 1, 0.5, math.log(10) + 0.01), 10)  # worse than a uniform guess
+    assert score.collapsed(run(0.1, 1, 0.45, 1.0), 2)  # 2 classes: chance is 0.5
+
+
+def test_points_average_their_seeds_and_a_diverged_seed_makes_the_loss_infinite(score):
+    points = score.point_means([run(0.1, 1, 0.8, 0.4), run(0.1, 2, 0.9, 0.2), run(0.01, 1, 0.7, 0.5),
+                                run(0.01, 2, None, math.inf)], 10)
+    assert [p["lr"] for p in points] == [0.01, 0.1]
+    assert points[1]["holdout_accuracy"] == pytest.approx(0.85) and points[1]["holdout_loss"] == pytest.approx(0.3)
+    assert points[1]["seeds"] == [1, 2] and points[1]["collapsed"] == 0
+    assert points[0]["holdout_accuracy"] == pytest.approx(0.35) and math.isinf(points[0]["holdout_loss"])
+    assert points[0]["collapsed"] == 1
+
+
+def test_the_coarse_best_says_when_it_lies_at_an_edge(score):
+    runs = [run(lr, 1, acc, 1 - acc) for lr, acc in ((0.001, 0.5), (0.01, 0.9), (0.1, 0.7))]
+    assert score.coarse_best(runs, 10) == (0.01, 0)
+    assert score.coarse_best(runs + [run(0.0001, 1, 0.95, 0.05)], 10) == (0.0001, -1)
+    assert score.coarse_best(runs + [run(1.0, 1, 0.95, 0.05)], 10) == (1.0, 1)
+    # equal accuracies: the lower held-out loss wins
+    tied = [run(0.001, 1, 0.99, 0.05), run(0.01, 1, 0.99, 0.02), run(0.1, 1, 0.99, 0.04)]
+    assert score.coarse_best(tied, 10) == (0.01, 0)
+
+
+def fine_grid():
+    """Accuracy best at 0.01 (0.95 mean), held-out loss lowest at 0.0178 (0.15 mean)."""
+    table = {0.00316: (0.90, 0.30), 0.00562: (0.93, 0.22), 0.01: (0.95, 0.16), 0.0178: (0.94, 0.15),
+             0.0316: (0.91, 0.25)}
+    return [run(lr, s, acc + d, loss + d) for lr, (acc, loss) in table.items() for s, d in ((1, -0.01), (2, 0.01))]
+
+
+def test_a_combination_is_scored_against_the_best_fine_point_by_mean_over_seeds(score):
+    chosen = [run(0.012, 1, 0.93, 0.17), run(0.012, 2, 0.94, 0.19)]
+    refs = {"fastai_valley": [run(0.001, 1, 0.80, 0.60)], "lightning": []}
+    s = score.combo_scores(fine_grid(), chosen, refs, 10)
+    assert s["best_accuracy_lr"] == 0.01 and s["best_holdout_accuracy"] == pytest.approx(0.95)
+    assert s["best_loss_lr"] == 0.0178 and s["best_holdout_loss"] == pytest.approx(0.15)
+    assert s["holdout_accuracy"] == pytest.approx(0.935)
+    assert s["holdout_accuracy_gap"] == pytest.approx(0.015)
+    assert s["holdout_loss_ratio"] == pytest.approx(0.18 / 0.15) and s["loss_ratio_qualifies"]
+    assert s["train_loss_ratio"] == pytest.approx(0.18 / 0.15)
+    assert s["collapses"] == 0 and s["chosen_seeds"] == 2
+    assert s["fastai_valley_holdout_accuracy_gap"] == pytest.approx(0.15)
+    assert s["fastai_valley_holdout_loss_ratio"] == pytest.approx(4.0)
+    assert "lightning_holdout_accuracy_gap" not in s  # no runs: no figures
+    # better than the grid: a negative gap and a ratio under 1
+    better = score.combo_scores(fine_grid(), [run(0.012, 1, 0.97, 0.1), run(0.012, 2, 0.97, 0.1)], {}, 10)
+    assert better["holdout_accuracy_gap"] == pytest.approx(-0.02) and better["holdout_loss_ratio"] < 1
+
+
+def test_near_zero_best_losses_give_no_ratio_and_a_collapsed_seed_counts(score):
+    fine = [run(lr, s, 0.999, 0.01 * lr * 100) for lr in (0.01, 0.02, 0.04) for s in (1, 2)]  # best 0.01
+    chosen = [run(0.03, 1, 0.999, 0.02), run(0.03, 2, None, math.inf)]
+    s = score.combo_scores(fine, chosen, {}, 10)
+    assert not s["loss_ratio_qualifies"] and s["holdout_loss_ratio"] is None
+    assert s["collapses"] == 1 and math.isinf(s["train_loss_ratio"])
+    assert s["holdout_accuracy_gap"] == pytest.approx(0.999 - 0.4995)
+
+
+def row(gap, ratio, qualifies=True, collapses=0, search_s=5.0, fine_s=100.0, valley_gap=0.1):
+    return {"holdout_accuracy_gap": gap, "holdout_loss_ratio": ratio if qualifies else None,
+            "loss_ratio_qualifies": qualifies, "train_loss_ratio": 1.0, "collapses": collapses, "chosen_seeds": 2,
+            "search_s": search_s, "fine_grid_s": fine_s, "fastai_valley_holdout_accuracy_gap": valley_gap}
+
+
+def test_a_set_summary_takes_medians_and_maxima_and_counts_the_qualifying_ratios(score):
+    rows = [row(0.001, 1.02), row(-0.002, 0.98), row(0.004, 1.10, search_s=15.0), row(0.02, 5.0, qualifies=False)]
+    s = score.summarise(rows)
+    assert s["combinations"] == 4
+    assert s["holdout_accuracy_gap_median"] == pytest.approx(0.0025) and s["holdout_accuracy_gap_max"] == 0.02
+    assert s["holdout_loss_ratio_combos"] == 3  # the fourth's best loss was too small
+    assert s["holdout_loss_ratio_median"] == 1.02 and s["holdout_loss_ratio_max"] == 1.1
+    assert s["cost_vs_grid"] == pytest.approx(30 / 400) and s["cost_vs_grid_max"] == pytest.approx(0.15)
+    assert s["collapses"] == 0 and s["chosen_runs"] == 8
+    assert s["fastai_valley_holdout_accuracy_gap_median"] == pytest.approx(0.1)
+    assert s["lightning_holdout_accuracy_gap_median"] is None  # no figures for it
+    assert score.misses(s) == ["holdout_accuracy_gap_max"]
+    assert score.misses({**s, "collapses": 1, "cost_vs_grid": 0.2}) == [
+        "holdout_accuracy_gap_max", "cost_vs_grid", "collapses"]
+
+
+def test_a_diverged_ratio_shows_as_none_and_misses(score):
+    s = score.summarise([row(0.0, 1.0), row(0.0, math.inf, collapses=2)])
+    assert s["holdout_loss_ratio_max"] is None and s["collapses"] == 2
+    assert "holdout_loss_ratio_max" in score.misses(s) and "collapses" in score.misses(s)
+    assert score.summarise([]) == {"combinations": 0}
