@@ -3,7 +3,7 @@ bounded, sync) on the same fast and slow devices, the same model, data and numbe
 
 Run in the trainer environment::
 
-    .venv-trainer/bin/python bench/strategies.py [--rows 12000] [--epochs 3] [--global-batch 512]
+    .venv-trainer/bin/python bench/strategies.py [--rows 12000] [--epochs 3] [--global-batch 512] [--seeds 3]
 
 The devices are those of ``bench/hetero.py``: fast is core 1 at a full core, slow is core 0 at a
 40% CPU quota through cgroups.  Every configuration trains the real program from scratch for the
@@ -18,7 +18,17 @@ workers and one parameter server.  Per configuration the line gives:
 At the top level: ``async_vs_standalone_sum``, async throughput over the sum of the two devices'
 standalone throughputs (each alone, at the workers' per-update batch B/2; goal >= 0.90), and
 ``async_accuracy_gap`` / ``bounded_accuracy_gap``, Horovod balanced held-out accuracy minus the
-strategy's (goal <= 0.01).  Ends with one JSON line.
+strategy's (goal <= 0.01).
+
+Every configuration and the standalone runs are trained once per seed (``--seeds N``: 1..N, or
+``--seed-list``); the seed is the job spec's ``training.seed``, which sets the initial weights and
+every epoch's order of the rows (the data and its held-out rows stay the same).  A seed's runs
+follow each other, the configurations in the given order for the first seed, reversed for the
+second, and so on, so that a drift of the host's speed favours none.  Each figure of the line is
+its mean over the seeds, with ``<key>_sd`` (sample standard deviation) and ``<key>_per_seed``;
+the top-level ratios and accuracy gaps are computed within each seed, then averaged
+(``bench/strategies_stats.py``).  ``per_seed`` holds every seed's figures as one run gave them.
+Ends with one JSON line.
 """
 
 from __future__ import annotations
@@ -35,10 +45,15 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
+from strategies_stats import aggregate, run_order, seed_figures, seed_list, table  # noqa: E402
+
 from hetero import prepare  # noqa: E402
 from pipelines.analyze.evaluate import evaluate as holdout  # noqa: E402
 from pipelines.launch.local import Profile, free_ports, launch, launch_ps  # noqa: E402
 from pipelines.launch.tfconfig import cluster_spec  # noqa: E402
+
+CONFIGURATIONS = ("horovod_equal", "horovod_balanced", "ps_async", "ps_bounded", "ps_sync")
+DEVICES = ("fast", "slow")  # the standalone runs: each device alone
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -56,17 +71,30 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--async-momentum", type=float, default=0.9, help="training.async_momentum (default: %(default)s)")
     p.add_argument("--combiner", default="plain", help="the parameter server's combiner (default: %(default)s)")
     p.add_argument("--only", default="", help="comma-separated configurations to run (default: all)")
+    seeds = p.add_mutually_exclusive_group()
+    seeds.add_argument("--seeds", type=int, default=None, help="train every configuration with seeds 1..N (default: 3)")
+    seeds.add_argument("--seed-list", default=None, help="the seeds instead, comma-separated, e.g. 1,2,5")
     p.add_argument("--keep", default=None, help="keep the work folder here")
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    try:
+        args.seed_list = seed_list(args.seeds, args.seed_list)
+    except ValueError as e:
+        p.error(str(e))
+    args.only = [c for c in args.only.split(",") if c] or list(CONFIGURATIONS)
+    unknown = sorted(set(args.only) - set(CONFIGURATIONS))
+    if unknown:
+        p.error(f"--only: unknown configurations {unknown}; choose from {', '.join(CONFIGURATIONS)}")
+    return args
 
 
-def write_spec(run: Path, name: str, args, **training) -> Path:
+def write_spec(run: Path, name: str, args, seed: int, **training) -> Path:
+    """The job spec of one run; ``seed`` is ``training.seed`` (initial weights and row order)."""
     spec = {
         "model": json.loads(args.model),
         "dataset": {"uri": str(run.parent / "data")},
         "training": {"epochs": args.epochs, "global_batch": args.global_batch, "learning_rate": args.learning_rate,
                      "reference_batch": args.global_batch, "warmup_epochs": 0, "lr_schedule": "constant",
-                     "seed": 1, "checkpoint_every_steps": 100000, **training},
+                     "seed": seed, "checkpoint_every_steps": 100000, **training},
         "artifact_root": str(run.parent),
     }
     path = run / f"spec-{name}.json"
@@ -74,12 +102,14 @@ def write_spec(run: Path, name: str, args, **training) -> Path:
     return path
 
 
-def horovod(run: Path, name: str, profiles: list[Profile], batches: list[int] | None, args, max_steps=None) -> Path:
+def horovod(run: Path, name: str, profiles: list[Profile], batches: list[int] | None, args, seed: int,
+            max_steps=None) -> Path:
     """Train with the Horovod trainer; ``batches=None`` calibrates and re-balances as a real run."""
+    name = f"{name}-seed{seed}"
     out = run / f"out-{name}"
     shutil.rmtree(out, ignore_errors=True)
     out.mkdir(parents=True)
-    spec = write_spec(run, name, args)
+    spec = write_spec(run, name, args, seed)
     extra = ["--out", str(out), "--global-batch", str(sum(batches) if batches else args.global_batch)]
     if batches is not None:
         plan = {"global_batch": sum(batches),
@@ -96,12 +126,13 @@ def horovod(run: Path, name: str, profiles: list[Profile], batches: list[int] | 
     return out
 
 
-def parameter_server(run: Path, name: str, workers: list[Profile], args, **training) -> Path:
+def parameter_server(run: Path, name: str, workers: list[Profile], args, seed: int, **training) -> Path:
     """Train with a chief, a worker per profile and one parameter server."""
+    name = f"{name}-seed{seed}"
     out = run / f"out-{name}"
     shutil.rmtree(out, ignore_errors=True)
     out.mkdir(parents=True)
-    spec = write_spec(run, name, args, strategy="parameter_server", combiner=args.combiner,
+    spec = write_spec(run, name, args, seed, strategy="parameter_server", combiner=args.combiner,
                       async_momentum=args.async_momentum, **training)
     ports = free_ports(2 + len(workers))
     cluster = cluster_spec(f"127.0.0.1:{ports[0]}", [f"127.0.0.1:{p}" for p in ports[1:-1]], [f"127.0.0.1:{ports[-1]}"])
@@ -142,43 +173,50 @@ def figures(run: Path, out: Path, args, evaluate: bool = True) -> dict:
     return row
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
+def one_seed(run: Path, args, seed: int, index: int) -> dict:
+    """Every configuration of ``--only`` and each device alone, trained with ``seed``, in
+    ``run_order``; the seed's rows (``per_seed`` of the line)."""
     fast = Profile("fast", (1,), 1.0)
     slow = Profile("slow", (0,), args.slow_share)
     b = args.global_batch // 2
+    ps = {"ps_async": {"update_mode": "async"}, "ps_sync": {"update_mode": "sync"},
+          "ps_bounded": {"update_mode": "bounded", "max_staleness": args.max_staleness}}
+    runs = {
+        "horovod_equal": lambda: horovod(run, "horovod_equal", [fast, slow], [b, args.global_batch - b], args, seed),
+        "horovod_balanced": lambda: horovod(run, "horovod_balanced", [fast, slow], None, args, seed),
+        **{name: (lambda name=name: parameter_server(run, name, [fast, slow], args, seed, **ps[name])) for name in ps},
+        # each device alone at the workers' per-update batch
+        **{p.device: (lambda p=p: horovod(run, f"{p.device}_alone", [p], [b], args, seed, max_steps=args.standalone_steps))
+           for p in (fast, slow)},
+    }
+    order = run_order([*args.only, *DEVICES], index)
+    results, alone = {}, {}
+    for name in order:
+        out = runs[name]()
+        if name in DEVICES:
+            alone[name] = figures(run, out, args, evaluate=False)["samples_per_sec"]
+            print(f"seed {seed} {name}_alone", json.dumps(alone[name]), flush=True)
+        else:
+            results[name] = figures(run, out, args)
+            print(f"seed {seed} {name}", json.dumps(results[name]), flush=True)
+    results = {name: results[name] for name in args.only}  # the line's order, not the run's
+    alone = {d: alone[d] for d in DEVICES}
+    return {"seed": seed, "order": order, "strategies": results, "standalone_samples_per_sec": alone,
+            **seed_figures(results, alone)}
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
     work = Path(args.keep or tempfile.mkdtemp(prefix="bench-strategies-"))
     run = prepare(work, args.rows, seed=0) if not (work / "run" / "preload" / "result.json").is_file() else work / "run"
-    configs = {
-        "horovod_equal": lambda: horovod(run, "horovod_equal", [fast, slow], [b, args.global_batch - b], args),
-        "horovod_balanced": lambda: horovod(run, "horovod_balanced", [fast, slow], None, args),
-        "ps_async": lambda: parameter_server(run, "ps_async", [fast, slow], args, update_mode="async"),
-        "ps_bounded": lambda: parameter_server(run, "ps_bounded", [fast, slow], args, update_mode="bounded",
-                                               max_staleness=args.max_staleness),
-        "ps_sync": lambda: parameter_server(run, "ps_sync", [fast, slow], args, update_mode="sync"),
-    }
-    only = [c for c in args.only.split(",") if c] or list(configs)
-    results = {}
-    for name in only:
-        results[name] = figures(run, configs[name](), args)
-        print(name, json.dumps(results[name]), flush=True)
-    alone = {}
-    for p in (fast, slow):  # each device alone at the workers' per-update batch
-        out = horovod(run, f"{p.device}_alone", [p], [b], args, max_steps=args.standalone_steps)
-        alone[p.device] = figures(run, out, args, evaluate=False)["samples_per_sec"]
-    print("standalone", json.dumps(alone), flush=True)
-    line = {"strategies": results, "standalone_samples_per_sec": alone}
-    if "ps_async" in results:
-        line["async_vs_standalone_sum"] = round(results["ps_async"]["samples_per_sec"] / sum(alone.values()), 4)
-    if "horovod_balanced" in results:
-        base = results["horovod_balanced"]["holdout_accuracy"]
-        for mode in ("async", "bounded"):
-            if f"ps_{mode}" in results:
-                line[f"{mode}_accuracy_gap"] = round(base - results[f"ps_{mode}"]["holdout_accuracy"], 4)
-    line.update(combiner=args.combiner, async_momentum=args.async_momentum, learning_rate=args.learning_rate, rows=args.rows, epochs=args.epochs, global_batch=args.global_batch, slow_share=args.slow_share,
-                max_staleness=args.max_staleness, target_loss=args.target_loss)
+    per_seed = [one_seed(run, args, seed, i) for i, seed in enumerate(args.seed_list)]
+    line = aggregate(per_seed)
+    line.update(combiner=args.combiner, async_momentum=args.async_momentum, learning_rate=args.learning_rate,
+                rows=args.rows, epochs=args.epochs, global_batch=args.global_batch, slow_share=args.slow_share,
+                max_staleness=args.max_staleness, target_loss=args.target_loss, per_seed=per_seed)
     if not args.keep:
         shutil.rmtree(work, ignore_errors=True)
+    print(table(line), flush=True)
     print(json.dumps(line))
     return 0
 
