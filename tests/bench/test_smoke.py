@@ -94,26 +94,55 @@ def test_hetero():
 def test_strategies():
     line = run_bench("strategies.py", "--rows", 1000, "--epochs", 1, "--global-batch", 128, "--standalone-steps", 10,
                      "--model", '{"name": "tiny_mlp"}', "--only", "horovod_balanced,ps_async,ps_bounded",
-                     "--slow-share", 1.0, "--target-loss", 100)
-    has_keys(line, {"strategies", "standalone_samples_per_sec", "async_vs_standalone_sum", "async_accuracy_gap",
-                    "bounded_accuracy_gap", "combiner", "async_momentum", "learning_rate", "rows", "epochs",
-                    "global_batch", "slow_share", "max_staleness", "target_loss"})
-    assert set(line["strategies"]) == {"horovod_balanced", "ps_async", "ps_bounded"}
+                     "--slow-share", 1.0, "--target-loss", 100, "--seeds", 2)
+    paired = ("async_vs_standalone_sum", "async_accuracy_gap", "bounded_accuracy_gap")
+    has_keys(line, {"strategies", "standalone_samples_per_sec", "combiner", "async_momentum", "learning_rate", "rows",
+                    "epochs", "global_batch", "slow_share", "max_staleness", "target_loss", "seeds", "per_seed",
+                    "standalone_samples_per_sec_sd", "standalone_samples_per_sec_per_seed"}
+             | {f"{k}{s}" for k in paired for s in ("", "_sd", "_per_seed")})
+    assert line["seeds"] == [1, 2]
+    configs = {"horovod_balanced", "ps_async", "ps_bounded"}
+    assert set(line["strategies"]) == configs
+
+    def mean_sd_seeds(row: dict, key: str, digits: int, low: float, high: float = math.inf) -> None:
+        """``key`` is the mean of its two per-seed values (rounded to ``digits``), each in
+        [low, high], with an sd >= 0."""
+        values = row[f"{key}_per_seed"]
+        assert len(values) == 2 and all(number(v, low, high) for v in values), (key, row)
+        assert number(row[key], low, high) and number(row[f"{key}_sd"], 0), (key, row)
+        assert abs(row[key] - sum(values) / 2) <= 0.51 * 10**-digits, (key, row)
+
     for name, row in line["strategies"].items():
-        has_keys(row, {"samples_per_sec", "seconds_to_target_loss", "holdout_accuracy", "final_loss", "train_seconds",
-                       "samples"})
-        assert number(row["samples_per_sec"], 1) and number(row["holdout_accuracy"], 0, 1), (name, row)
-        assert number(row["final_loss"], 0) and number(row["train_seconds"], 0) and row["samples"] > 0, (name, row)
-        assert number(row["seconds_to_target_loss"], 0), (name, row)  # a loss of 100 is reached at once
+        has_keys(row, {"final_loss", "train_seconds", "samples", "seconds_to_target_loss_reached"})
+        mean_sd_seeds(row, "samples_per_sec", 1, 1)
+        mean_sd_seeds(row, "holdout_accuracy", 4, 0, 1)
+        mean_sd_seeds(row, "final_loss", 4, 0)
+        mean_sd_seeds(row, "train_seconds", 1, 0)
+        mean_sd_seeds(row, "seconds_to_target_loss", 2, 0)  # a loss of 100 is reached at once, every seed
+        assert row["seconds_to_target_loss_reached"] == 2 and row["samples"] > 0, (name, row)
         if name.startswith("ps_"):
-            has_keys(row, {"updates", "dropped", "max_staleness_seen"})
+            has_keys(row, {"updates", "dropped", "max_staleness_seen", "updates_per_seed"})
             assert len(row["updates"]) == 2 and all(u > 0 for u in row["updates"]), (name, row)
+            assert len(row["updates_per_seed"]) == 2, (name, row)
         else:
-            assert sum(row["batches"]) == 128
+            assert sum(row["batches"]) == pytest.approx(128, abs=0.2)
+            assert [sum(b) for b in row["batches_per_seed"]] == [128, 128]
     assert set(line["standalone_samples_per_sec"]) == {"fast", "slow"}
     assert all(number(v, 1) for v in line["standalone_samples_per_sec"].values())
+    assert all(number(v, 0) for v in line["standalone_samples_per_sec_sd"].values())
+    assert all(len(v) == 2 for v in line["standalone_samples_per_sec_per_seed"].values())
     assert number(line["async_vs_standalone_sum"], 0.01, 20)
     assert number(line["async_accuracy_gap"], -1, 1) and number(line["bounded_accuracy_gap"], -1, 1)
+    for key in paired:
+        assert number(line[f"{key}_sd"], 0) and len(line[f"{key}_per_seed"]) == 2, (key, line[key])
+    # every seed ran everything, the second in the reverse order; the gaps pair runs of one seed
+    first, second = line["per_seed"]
+    assert [first["seed"], second["seed"]] == [1, 2]
+    assert sorted(first["order"]) == sorted(configs | {"fast", "slow"}) and second["order"] == first["order"][::-1]
+    for i, seed in enumerate(line["per_seed"]):
+        assert set(seed["strategies"]) == configs
+        gap = seed["strategies"]["horovod_balanced"]["holdout_accuracy"] - seed["strategies"]["ps_async"]["holdout_accuracy"]
+        assert line["async_accuracy_gap_per_seed"][i] == seed["async_accuracy_gap"] == pytest.approx(gap, abs=1e-4)
     assert (line["rows"], line["epochs"], line["global_batch"], line["slow_share"]) == (1000, 1, 128, 1.0)
 
 
@@ -138,16 +167,40 @@ def test_estimator(tmp_path, full_core_pool):
 
 
 def test_lr_search(tmp_path, full_core_pool):
-    line = run_bench("lr_search.py", "--rows-per-day", 500, "--epochs", 1, "--combos", "tiny_mlp-64-sgd",
-                     "--grid", "0.05", "--pool", full_core_pool, "--out", tmp_path)
-    ratios = {f"{name}_vs_grid_best_{stat}" for name in ("loss", "fastai_valley", "lightning") for stat in ("median", "max")}
-    has_keys(line, ratios | {"combinations", "cost_vs_grid", "cost_vs_grid_max", "rows_train", "epochs"})
-    for key in ratios:
-        assert number(line[key], 0.001, 1e6), (key, line[key])
+    # one coarse rate and a one-point fine grid on seeds 1 and 2 (the coarse run is seed 1's)
+    line = run_bench("lr_search.py", "--rows-per-day", 500, "--epochs", 1, "--reporting", "wide_mlp-128-sgd",
+                     "--tuning", "none", "--seeds", "1,2", "--coarse", 0.05, "--fine-steps", 0,
+                     "--pool", full_core_pool, "--out", tmp_path)
+    figures = {f"{prefix}holdout_accuracy_gap_{stat}" for prefix in ("", "fastai_valley_", "lightning_")
+               for stat in ("median", "max")} | {f"holdout_loss_ratio_{stat}" for stat in ("median", "max")}
+    has_keys(line, figures | {"holdout_loss_ratio_combos", "cost_vs_grid", "cost_vs_grid_max", "collapses",
+                              "combinations", "seeds", "tuning", "goals_missed", "rows_train", "epochs",
+                              "reporting_combos", "tuning_combos"})
+    for key in figures - {"holdout_loss_ratio_median", "holdout_loss_ratio_max"}:
+        assert number(line[key], -1, 1), (key, line[key])  # accuracy differences
+    # at this size every held-out loss is far above 0.05: the one combination has a loss ratio
+    assert line["holdout_loss_ratio_combos"] == 1 and number(line["holdout_loss_ratio_max"], 0.01, 100)
     assert number(line["cost_vs_grid"], 0.001, 100) and line["cost_vs_grid"] <= line["cost_vs_grid_max"] + 1e-9
-    assert line["combinations"] == 1 and line["epochs"] == 1 and 0 < line["rows_train"] < 1500
-    runs = json.loads((tmp_path / "runs.json").read_text())
-    assert [r["combo"] for r in runs] == ["tiny_mlp-64-sgd"] and [g["lr"] for g in runs[0]["grid"]] == [0.05]
+    assert line["collapses"] in (0, 1, 2) and isinstance(line["goals_missed"], list)
+    assert line["combinations"] == 1 and line["reporting_combos"] == ["wide_mlp-128-sgd"]
+    assert line["tuning"] == {"combinations": 0, "goals_missed": None} and line["tuning_combos"] == []
+    assert line["seeds"] == [1, 2] and line["epochs"] == 1 and 0 < line["rows_train"] < 1500
+    (row,) = json.loads((tmp_path / "runs.json").read_text())
+    assert row["combo"] == "wide_mlp-128-sgd" and row["set"] == "reporting"
+    grid = [(r["lr"], r["seed"]) for r in row["runs"] if r["what"] in ("coarse", "fine")]
+    assert sorted(grid) == [(0.05, 1), (0.05, 2)]
+    assert sorted(r["seed"] for r in row["runs"] if r["what"] == "chosen") == [1, 2]
+    for r in (r for r in row["runs"] if not r.get("diverged")):  # a diverged run has no model to score
+        assert 0 <= r["holdout_accuracy"] <= 1 and r["holdout_rows"] == line["rows_holdout"] > 0, r
+    # the seed changes the run: the same rate ends elsewhere on another seed
+    first, second = (r for r in row["runs"] if r["what"] in ("coarse", "fine"))
+    assert first["train_loss"] != second["train_loss"]
+
+
+def test_lr_search_refuses_tuning_combinations_as_reporting(tmp_path):
+    proc = subprocess.run([sys.executable, str(ROOT / "bench" / "lr_search.py"), "--reporting", "tiny_mlp-64-sgd",
+                           "--out", tmp_path], capture_output=True, text=True, cwd=ROOT, timeout=60)
+    assert proc.returncode == 2 and proc.stderr.strip().splitlines()[-1].startswith("ERROR: --reporting")
 
 
 def test_preload():
