@@ -318,6 +318,29 @@ def test_the_cpu_limit_is_the_pod_processs_cfs_quota(kube, cluster):
     assert text == "None\n"
 
 
+def test_a_cpu_limit_it_cannot_enforce_is_reported_not_hidden(tmp_path):
+    """Without a writable cpu cgroup controller the pod still runs (unthrottled), and the cluster
+    says so: the limit is listed and ``cpu_limits_enforced`` is False, for tests to skip on."""
+    no_cgroups = tmp_path / "no-cgroups"
+    no_cgroups.mkdir()
+    with TestCluster(tmp_path / "cluster", cgroup_root=no_cgroups) as c:
+        kube = c.client()
+        code = "from pipelines.launch.cgroups import cpu_quota_cores; print(cpu_quota_cores())"
+        done, text = run(kube, pod("limited", code, resources={"limits": {"cpu": "500m"}}))
+        assert done.status.phase == "Succeeded", text
+        assert not c.cpu_limits_enforced
+        assert str(no_cgroups) in c.cpu_limits_note and "0.5 CPU" in c.cpu_limits_note
+        assert len(c.kubelet.unenforced_cpu_limits) == 1
+
+
+def test_an_enforced_limit_says_so(kube, cluster):
+    if not (cluster.kubelet.limiter and cluster.kubelet.limiter.available):
+        pytest.skip("no writable cpu cgroup controller here")
+    done, text = run(kube, pod("limited-2", "print('ok')", resources={"limits": {"cpu": "300m"}}))
+    assert done.status.phase == "Succeeded", text
+    assert cluster.cpu_limits_enforced and cluster.cpu_limits_note == "CPU limits are enforced as CFS quotas"
+
+
 def test_pods_python_is_the_trainer_environment_with_this_checkout_on_its_path(kube, cluster):
     if ".venv-trainer" not in cluster.python:
         pytest.skip("no trainer environment")

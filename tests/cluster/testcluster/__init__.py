@@ -54,13 +54,14 @@ class TestCluster:
 
     def __init__(self, root: str | Path, *, nodes: list[dict] | None = None, python: str | None = None,
                  repo_root: str | Path | None = None, namespace: str = "default", image_env: dict | None = None,
-                 restart_backoff_s: float = 1.0, cpu_limits: bool = True):
+                 restart_backoff_s: float = 1.0, cpu_limits: bool = True, cgroup_root: str | Path | None = None):
         self.root = Path(root)
         self.namespace = namespace
         self.repo_root = Path(repo_root or REPO_ROOT)
         self.python = python or trainer_python(self.repo_root)
         self._nodes = nodes or DEFAULT_NODES
-        self._kubelet_args = {"image_env": image_env, "restart_backoff_s": restart_backoff_s, "cpu_limits": cpu_limits}
+        self._kubelet_args = {"image_env": image_env, "restart_backoff_s": restart_backoff_s, "cpu_limits": cpu_limits,
+                              "cgroup_root": Path(cgroup_root) if cgroup_root else None}
         self.store: Store | None = None
 
     def start(self) -> TestCluster:
@@ -96,6 +97,25 @@ class TestCluster:
 
     def __exit__(self, *exc) -> None:
         self.stop()
+
+    @property
+    def cpu_limits_enforced(self) -> bool:
+        """Whether a pod's ``limits.cpu`` is really a CFS quota here.  False where no cgroup controller
+        can be written (or limits are off): then a 500m pod runs as fast as a 1-CPU one, and a test
+        whose claim needs a slow pod must skip with :attr:`cpu_limits_note` as its reason."""
+        limiter = self.kubelet.limiter
+        return limiter is not None and limiter.available and not self.kubelet.unenforced_cpu_limits
+
+    @property
+    def cpu_limits_note(self) -> str:
+        limiter = self.kubelet.limiter
+        if limiter is None:
+            return "CPU limits are switched off on this test cluster"
+        if self.kubelet.unenforced_cpu_limits:
+            return "CPU limits were not enforced on this test cluster: " + "; ".join(self.kubelet.unenforced_cpu_limits)
+        if not limiter.available:
+            return f"CPU limits are not enforced on this test cluster: no writable cpu cgroup controller under {limiter.root}"
+        return "CPU limits are enforced as CFS quotas"
 
     @property
     def url(self) -> str:

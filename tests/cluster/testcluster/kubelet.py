@@ -15,7 +15,10 @@ TEST INFRASTRUCTURE, not product code.  What it does as a kubelet does:
 * the "image" is the trainer environment: ``python`` on ``PATH`` (a wrapper in
   ``/run/testcluster/<id>/bin``, removed at stop) runs the configured interpreter and ``PYTHONPATH``
   holds the repository root;
-* ``limits.cpu`` becomes a CFS quota on the container's own cgroup (``pipelines.launch.cgroups``);
+* ``limits.cpu`` becomes a CFS quota on the container's own cgroup (``pipelines.launch.cgroups``).
+  Where no cgroup can be written, the container runs UNTHROTTLED (a real kubelet would fail it):
+  every such limit is logged as a warning and kept in ``Kubelet.unenforced_cpu_limits``, and
+  ``TestCluster.cpu_limits_enforced`` is False, so a test that needs a slow pod skips or fails;
 * logs: stdout and stderr with a timestamp per line, for ``pods/log``;
 * deletion: SIGTERM to the process group, SIGKILL after the grace period, then the object goes.
 
@@ -41,7 +44,7 @@ import threading
 import time
 from pathlib import Path
 
-from pipelines.launch.cgroups import CpuLimiter
+from pipelines.launch.cgroups import CGROUP_ROOT, CpuLimiter
 from testcluster import scheduler
 from testcluster.store import ApiError, Store, labels_match, now, quantity
 
@@ -90,7 +93,8 @@ class Kubelet:
     """Schedules pending pods and runs a :class:`PodWorker` per bound pod, from one control loop."""
 
     def __init__(self, store: Store, root: Path, *, python: str, repo_root: Path, api_port: int,
-                 image_env: dict | None = None, restart_backoff_s: float = 1.0, cpu_limits: bool = True):
+                 image_env: dict | None = None, restart_backoff_s: float = 1.0, cpu_limits: bool = True,
+                 cgroup_root: Path | None = None):
         self.store, self.root, self.api_port = store, root, api_port
         self.repo_root, self.image_env, self.restart_backoff_s = repo_root, dict(image_env or {}), restart_backoff_s
         # The "image" lives outside the cluster root: a pod's emptyDir over /tmp must not hide its python.
@@ -106,7 +110,9 @@ class Kubelet:
         self.workers: dict[str, PodWorker] = {}
         self.logs: dict[tuple[str, str], list[ContainerLog]] = {}  # (pod uid, container) -> instances
         self.pids: set[int] = set()
-        self.limiter = CpuLimiter(f"test-cluster-{os.getpid()}-{id(self):x}") if cpu_limits else None
+        job = f"test-cluster-{os.getpid()}-{id(self):x}"
+        self.limiter = CpuLimiter(job, cgroup_root or CGROUP_ROOT) if cpu_limits else None
+        self.unenforced_cpu_limits: list[str] = []  # "<pod group>: <cores> CPU (why)" for each limit not applied
         self.cgroup_lock = threading.Lock()
         self.stopping = False
         self.thread = threading.Thread(target=self._loop, name="kubelet", daemon=True)
@@ -223,9 +229,14 @@ class Kubelet:
         return instances[-1]
 
     def limit_cpu(self, pid: int, group: str, cores: float) -> None:
-        if self.limiter is not None:
-            with self.cgroup_lock:
-                self.limiter.limit(pid, group, cores)
+        if self.limiter is None:  # limits switched off for this cluster on purpose (cpu_limits=False)
+            return
+        with self.cgroup_lock:
+            if self.limiter.limit(pid, group, cores):
+                return
+            self.unenforced_cpu_limits.append(f"{group}: {cores:g} CPU ({self.limiter.warning})")
+        log.warning("test cluster: limits.cpu %g of %s is NOT enforced, the container runs unthrottled: %s",
+                    cores, group, self.limiter.warning)
 
 
 def condition(kind: str, status: str, reason: str | None = None, message: str | None = None) -> dict:

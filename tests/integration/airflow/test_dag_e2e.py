@@ -129,8 +129,35 @@ def test_the_pipeline_trains_with_a_parameter_server(airflow_env, tiny_dataset, 
     assert (artifacts / "models" / "small_cnn" / "v0001" / "saved_model" / "saved_model.pb").is_file()
 
 
+FINISHED = re.compile(r"DagRun Finished: dag_id=(?P<dag>[^,]+), logical_date=[^,]*, run_id=(?P<run_id>[^,]+), "
+                      r".*?, state=(?P<state>[\w.]+), run_type=")
+
+
+def final_state(log: str, dag_id: str = "train_pipeline") -> str | None:
+    """The state in the last "DagRun Finished" line Airflow logged for ``dag_id`` (the scheduler
+    loop's message in airflow/models/dagrun.py), or None when the run never finished."""
+    states = [m["state"] for m in FINISHED.finditer(log) if m["dag"] == dag_id]
+    return states[-1].removeprefix("DagRunState.").lower() if states else None
+
+
 def succeeded(log: str) -> bool:
-    return "DagRun Finished" in log and "state=success" in log.replace(" ", "").replace("state:success", "state=success")
+    return final_state(log) == "success"
+
+
+def test_final_state_is_read_from_the_finished_line_only():
+    # the line as `airflow dags test` printed it (Airflow 3.3, structlog's console format)
+    line = ("2026-11-25T01:59:39.992918Z [info     ] DagRun Finished: dag_id=train_pipeline, "
+            "logical_date=2026-11-25 01:59:33.354808+00:00, run_id=manual__2026-11-25T01:59:33.610352+00:00, "
+            "run_start_date=2026-11-25 01:59:33.354808+00:00, run_end_date=2026-11-25 01:59:39.992046+00:00, "
+            "run_duration=6.637238, state={}, run_type=manual, data_interval_start=2026-11-25 01:59:33.354808+00:00, "
+            "data_interval_end=2026-11-25 01:59:33.354808+00:00, [airflow.models.dagrun.DagRun] loc=dagrun.py:1315")
+    assert succeeded(line.format("success"))
+    # a failed run whose log mentions state=success elsewhere (a task's own line) is not a success
+    assert not succeeded("task preload: state=success\n" + line.format("failed"))
+    assert final_state(line.format("failed")) == "failed"
+    assert not succeeded("DagRun Finished\nstate=success")  # the two halves on separate lines
+    assert final_state("no run finished here") is None
+    assert not succeeded(line.format("success").replace("train_pipeline", "other_dag"))
 
 
 # A pool of small CPU amounts: the slow pod's CPU limit is half the fast one's.  No profiles lie
@@ -187,7 +214,7 @@ def test_pipeline_runs_end_to_end_on_kubernetes(k8s_run, local_run, test_cluster
     all on the test cluster."""
     _, run, pod_run, log = k8s_run
     plan = json.loads((run / "estimate" / "plan.json").read_text())
-    assert [r["device"] for r in plan["ranks"]] == ["fast", "slow"]
+    assert sorted(r["device"] for r in plan["ranks"]) == ["fast", "slow"]  # their order: the next test
     lr = json.loads((run / "lr_search" / "result.json").read_text())
     assert lr["ranks"] == 2 and lr["batches"] == [r["batch"] for r in plan["ranks"]] and lr["run_dir"] == pod_run
     assert json.dumps(lr, sort_keys=True) in log  # the lr_search task's result is rank 0's last line
@@ -198,7 +225,7 @@ def test_pipeline_runs_end_to_end_on_kubernetes(k8s_run, local_run, test_cluster
     assert 0.45 < lr["learning_rate"] / local_lr["learning_rate"] < 2.2, (lr["reason"], local_lr["reason"])
     # the gang's result is rank 0's: the result.json the trainer wrote, also its last log line
     train = json.loads((run / "train" / "result.json").read_text())
-    assert [r["device"] for r in train["ranks"]] == ["fast", "slow"] and train["global_batch"] == 64
+    assert [r["device"] for r in train["ranks"]] == [r["device"] for r in plan["ranks"]] and train["global_batch"] == 64
     assert sum(r["batch"] for r in train["ranks"]) == 64 and train["run_dir"] == pod_run
     assert json.dumps(train, sort_keys=True) in log  # the task log has rank 0's result line
     # kubernetes.deferrable (the default): every stage pod's wait and the gang's ran in a trigger,
@@ -217,6 +244,22 @@ def test_pipeline_runs_end_to_end_on_kubernetes(k8s_run, local_run, test_cluster
     assert abs(analysis["holdout_accuracy"] - local["holdout_accuracy"]) < 0.15, (analysis, local)
     assert test_cluster.client().list_namespaced_pod("default").items == []  # the gang and stage pods are gone
     assert test_cluster.leftover_pids() == []
+
+
+def test_the_500m_pod_is_measured_and_planned_as_the_slow_device(k8s_run, test_cluster):
+    """The slow type's pods run under half the fast type's CPU limit: its calibration pod measures
+    it slower, and the plan puts it second with the smaller batch.  Only where the test cluster
+    really turns limits.cpu into a CFS quota; elsewhere both pods run unthrottled and nothing here
+    would be true for the right reason."""
+    if not test_cluster.cpu_limits_enforced:
+        pytest.skip(test_cluster.cpu_limits_note)
+    _, run, _, _ = k8s_run
+    measured = {d: json.loads((run / "estimate" / "calibration" / f"profile-{d}.json").read_text())["per_sample_s"]
+                for d in ("fast", "slow")}
+    assert measured["slow"] > 1.3 * measured["fast"], measured
+    plan = json.loads((run / "estimate" / "plan.json").read_text())
+    assert [r["device"] for r in plan["ranks"]] == ["fast", "slow"]
+    assert plan["ranks"][0]["batch"] > plan["ranks"][1]["batch"], plan["ranks"]
 
 
 def test_the_kubernetes_run_carries_its_pool_and_calibrates_where_the_devices_are(k8s_run):
@@ -246,7 +289,7 @@ def test_a_later_train_try_returns_the_stored_result(k8s_run, test_cluster, monk
     from hetero.gang_operators import HorovodJobOperator
 
     conf, run, _, log = k8s_run
-    run_id = re.search(r"DagRun Finished: dag_id=train_pipeline, .*?run_id=([^,]+),", log)[1]
+    run_id = FINISHED.search(log)["run_id"]
     monkeypatch.setenv(*test_cluster.airflow_conn("test_cluster"))
     before = {p: p.stat().st_mtime_ns for p in (run / "train").glob("*.json")}
     stored = json.loads((run / "train" / "result.json").read_text())
