@@ -32,18 +32,22 @@ data: setup
 demo: setup data
 	@scripts/demo.sh
 
-## test: set-up, then the whole test suite (unit, DAG, integration) in both environments
-test: setup test-trainer test-airflow
+## test: set-up, then the whole test suite (unit, DAG, integration) in both environments, then the
+## time each part took (scripts/test-suite.sh)
+test:
+	@scripts/test-suite.sh
 
 ## TRAINER_TESTS / AIRFLOW_TESTS narrow a run, e.g. make test-airflow AIRFLOW_TESTS=tests/k8s/test_manifests.py
 TRAINER_TESTS ?= tests/unit tests/integration/trainer tests/bench
 AIRFLOW_TESTS ?= tests/dags tests/k8s tests/cluster tests/integration/airflow
 
+PYTEST_OPTS ?= -q -p no:cacheprovider --durations=15
+
 test-trainer:
-	$(TVENV)/bin/python -m pytest -q -p no:cacheprovider $(TRAINER_TESTS)
+	$(TVENV)/bin/python -m pytest $(PYTEST_OPTS) $(TRAINER_TESTS)
 
 test-airflow:
-	$(VENV)/bin/python -m pytest -q -p no:cacheprovider $(AIRFLOW_TESTS)
+	$(VENV)/bin/python -m pytest $(PYTEST_OPTS) $(AIRFLOW_TESTS)
 
 lint: setup
 	$(VENV)/bin/ruff check .
