@@ -174,8 +174,8 @@ class TrainingSpec(Strict):
     )
     combiner: str = Field(
         "plain",
-        description='How a parameter server merges an update: "plain" (as it is), "staleness_aware" (its step '
-        'divided by 1 + its staleness), "window_average" (the sample-weighted mean of combine_window updates) or '
+        description='How a parameter server merges an update: "plain" (as it is), "staleness_aware" (its gradient '
+        'weighed by 1 / (1 + its staleness)), "window_average" (the sample-weighted mean of combine_window updates) or '
         '"package.module:function" (a factory, see pipelines/train/combiners.py). Checked before any work starts.',
     )
     combine_window: int = Field(4, ge=1, le=1000, description="combiner window_average: updates per applied mean.")

@@ -6,13 +6,19 @@ A combiner is named in the spec (``training.combiner``): one of :data:`COMBINERS
 
     def my_combiner(server, options):      # called once, before training, on the chief
         ...                                # create any state here (server.accumulator())
-        def combine(update):               # traced into the update; runs on the parameter server
-            ...                            # under the server's lock, one update at a time
+        def combine(update):               # traced into the update; runs under the servers'
+            ...                            # lock, one update at a time, unless it is lock_free
             return changed                 # a bool tensor: did the parameters change?
         return combine
 
+A ``combine`` that keeps no state between updates and always changes the parameters may say
+``combine.lock_free = True``: in async mode it then runs without the lock, concurrently with other
+updates (``server.apply`` is atomic per variable), as the shipped ``plain`` and ``staleness_aware``
+do.
+
 ``server`` (``pipelines.train.ps_server.Server``) holds the parameters (``server.variables``) and
-applies the job's optimizer with ``server.apply(gradients, learning_rate)``; ``server.accumulator()``
+applies the job's optimizer with ``server.apply(gradients, learning_rate, gradient_scale=None)``
+on the servers that hold the variables; ``server.accumulator()``
 makes a sample-weighted running sum of updates.  ``update`` has ``gradients`` (aligned with
 ``server.variables``), ``learning_rate`` (the scheduled rate of this update), ``staleness`` (how
 many parameter changes happened since the worker read the parameters), ``samples`` and
@@ -108,17 +114,20 @@ def plain(server, options: dict):
     def combine(update):
         return server.apply(update.gradients, update.learning_rate)
 
+    combine.lock_free = True  # no state between updates, every update changes the parameters
     return combine
 
 
 def staleness_aware(server, options: dict):
-    """Apply every update with its step scaled down by its staleness τ: lr / (1 + τ)."""
+    """Apply every update with its gradient weighed down by its staleness τ: g / (1 + τ) enters
+    the momentum (with Adam, which normalises a gradient's scale away, the step is scaled)."""
     import tensorflow as tf
 
     def combine(update):
         tau = tf.cast(update.staleness, tf.float32)
-        return server.apply(update.gradients, update.learning_rate / (1.0 + tau))
+        return server.apply(update.gradients, update.learning_rate, gradient_scale=1.0 / (1.0 + tau))
 
+    combine.lock_free = True
     return combine
 
 

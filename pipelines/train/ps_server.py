@@ -1,21 +1,35 @@
-"""What the parameter servers hold and do: the parameters' optimizer state, the version counter, the
-lock under which one update at a time is applied, and the update a worker runs
-(docs/ARCHITECTURE.md, "Parameter-server training").
+"""What the parameter servers hold and do: the parameters and their optimizer state, the version
+counter, the update a worker runs, and where each part of it runs (docs/ARCHITECTURE.md,
+"Parameter-server training").
+
+Where things run:
+
+- **worker**: reading the version, pulling the parameters, the forward and backward pass;
+- **servers**: the optimizer step.  Each variable (each shard of a sharded one) is updated by one
+  fused TensorFlow op (``ResourceApplyKerasMomentum`` for SGD with momentum, ``ResourceApplyAdam``),
+  placed on the server that holds it, with ``use_locking``: only the gradient travels, and two
+  updates to the same variable never interleave.  The fused ops are what TensorFlow's own
+  optimizers run for these rules, so the arithmetic is theirs, not a copy written here.
 
 A worker's update (:func:`build_update`) reads the parameter version, computes its gradients on the
-parameters it pulls, then, under the server's lock (a ``tf.CriticalSection`` on the first
-parameter server), measures its staleness τ (parameter changes since it read the version), and
+parameters it pulls, measures its staleness τ (parameter changes since it read the version), and
 hands the update to the combiner (``pipelines.train.combiners``) unless the mode refuses it:
 
-- ``async``: every update is combined;
-- ``bounded``: an update with τ > ``max_staleness`` is not combined (the chief trains its rows
-  again), so no applied update was computed on parameters more than ``max_staleness`` changes old;
+- ``async`` with a lock-free combiner (``plain``, ``staleness_aware``): **no global lock**.  The
+  update claims the next version with one atomic ``assign_add`` on the counter (so τ is the
+  claimed version less one, less the version it read) and applies its per-variable updates; updates
+  to different variables, or to different servers' shards, run at the same time;
+- ``async`` with any other combiner, and ``bounded``: the claim, the check and the combine run
+  under one ``tf.CriticalSection`` (a combiner that keeps state between updates, a window's sum,
+  needs it; a user's combiner is not assumed to be safe without it).  ``bounded`` refuses an
+  update with τ > ``max_staleness`` (the chief trains its rows again);
 - ``sync``: every update of a round is added to the round's sample-weighted sum;
   :meth:`Server.apply_round` combines the round's mean once, after the round.
 
 The version counts parameter changes: it grows by one whenever the combiner reports a change.
 Variables created under the strategy's scope are placed on the parameter servers (sharded over
-them by the strategy's partitioner); the optimizer's slots are colocated with their variable.
+them by the strategy's partitioner); each optimizer slot is created the same way with the same
+shape, so its shards lie beside the variable's shards.
 """
 
 from __future__ import annotations
@@ -95,8 +109,9 @@ class Server:
     """The parameters, their optimizer rule, the version counter, the lock and the combiner's state.
 
     ``apply(gradients, lr)`` is the job's optimizer step (SGD with momentum, 0.9 unless the chief
-    says otherwise, or Adam) done on the servers; it returns a true bool tensor once the
-    parameters have changed.
+    says otherwise, or Adam), run on the servers; it returns a true bool tensor once the
+    parameters have changed.  ``server.variables`` are what the model's trainable variables are
+    under the strategy: one entry per shard, each with its server's device.
     """
 
     def __init__(self, strategy, model, optimizer: str, momentum: float = MOMENTUM):
@@ -111,7 +126,8 @@ class Server:
             self.iterations = tf.Variable(0, dtype=tf.int64, trainable=False, name="server_iterations")
             self.accumulators: dict[str, Accumulator] = {}
         with tf.device(self.version.device):
-            self.lock = tf.CriticalSection(name="parameter_lock")
+            self.lock = tf.CriticalSection(name="parameter_lock")  # combiners that need one
+            self.counter_lock = tf.CriticalSection(name="version_counter")  # the lock-free path's claim
 
     def accumulator(self, name: str) -> Accumulator:
         """A named accumulator (created once, before training: call it from a combiner's factory)."""
@@ -120,22 +136,41 @@ class Server:
                 self.accumulators[name] = Accumulator(self.strategy, self.variables, name)
         return self.accumulators[name]
 
-    def apply(self, gradients, learning_rate):
+    def apply(self, gradients, learning_rate, gradient_scale=None):
+        """One optimizer step with ``gradients`` at ``learning_rate``, each variable's by one fused
+        op on the server that holds it (``use_locking``: atomic per variable, no global lock).
+
+        ``gradient_scale`` (a scalar, e.g. 1 / (1 + τ)) weighs this update's gradient: with SGD it
+        scales the gradient's contribution to the momentum (not the momentum already there); Adam
+        normalises a gradient's scale away, so with Adam it scales the step instead.
+        """
         tf = _tf()
         lr = tf.cast(learning_rate, tf.float32)
-        t = self.iterations.assign_add(1)
+        scale = None if gradient_scale is None else tf.cast(gradient_scale, tf.float32)
         ops = []
         if self.optimizer == "adam":
             b1, b2, eps = ADAM
-            tf32 = tf.cast(t, tf.float32)
-            scale = lr * tf.sqrt(1.0 - tf.pow(b2, tf32)) / (1.0 - tf.pow(b1, tf32))
+            with tf.device(self.iterations.device):
+                t = tf.cast(self.iterations.assign_add(1), tf.float32)  # atomic: each update its own t
+            if scale is not None:
+                lr = lr * scale
             for g, v, m, s in zip(gradients, self.variables, self.slots["m"], self.slots["v"], strict=True):
-                m_new = m.assign(b1 * m + (1.0 - b1) * g)
-                s_new = s.assign(b2 * s + (1.0 - b2) * tf.square(g))
-                ops.append(v.assign_sub(tf.cast(scale, v.dtype) * m_new / (tf.sqrt(s_new) + eps)))
+                with tf.device(v.device):
+                    ops.append(tf.raw_ops.ResourceApplyAdam(
+                        var=v.handle, m=m.handle, v=s.handle, beta1_power=tf.pow(b1, t), beta2_power=tf.pow(b2, t),
+                        lr=lr, beta1=tf.constant(b1), beta2=tf.constant(b2), epsilon=tf.constant(eps),
+                        grad=tf.cast(g, v.dtype), use_locking=True))
         else:
+            with tf.device(self.iterations.device):
+                ops.append(self.iterations.assign_add(1))
+            momentum = tf.constant(self.momentum, tf.float32)
             for g, v, m in zip(gradients, self.variables, self.slots["momentum"], strict=True):
-                ops.append(v.assign_sub(tf.cast(lr, v.dtype) * m.assign(self.momentum * m + g)))
+                with tf.device(v.device):
+                    grad = g if scale is None else g * tf.cast(scale, g.dtype)
+                    # accum = momentum * accum + grad; var -= lr * accum (pipelines.sync.step's rule)
+                    ops.append(tf.raw_ops.ResourceApplyMomentum(
+                        var=v.handle, accum=m.handle, lr=lr, grad=tf.cast(grad, v.dtype), momentum=momentum,
+                        use_locking=True, use_nesterov=False))
         with tf.control_dependencies(ops):
             return tf.constant(True)
 
@@ -156,6 +191,28 @@ class Server:
         changed = tf.cond(admit, lambda: tf.cast(combine(update), tf.bool), lambda: tf.constant(False))
         return tf.cond(changed, lambda: self.version.assign_add(1), self.version.read_value)
 
+    def claimed(self, combine, read, gradients, learning_rate, samples, worker):
+        """Without a lock (a lock-free combiner in async mode): claim the next version with one
+        atomic ``assign_add``, so τ = the claimed version - 1 - ``read``, then combine; returns
+        (the claimed version, τ).  Every update changes the parameters (the combiner says so by
+        being lock-free), so the versions the updates claim are 1, 2, 3, ... with none missing."""
+        tf = _tf()
+        # A resource variable's assign_add returns a read made after the add, not the add's own
+        # result, so two updates could claim the same version: the claim alone (an add and a
+        # read of one scalar) is made atomic by a critical section of its own, on the counter.
+        # The claim waits for the gradients: made any earlier, τ would miss the updates that
+        # land while this one computes.
+        def claim():
+            with tf.control_dependencies([self.version.assign_add(1, read_value=False)]):
+                return self.version.read_value()
+
+        with tf.control_dependencies(gradients):
+            version = self.counter_lock.execute(claim)
+        tau = version - 1 - read
+        changed = combine(Update(gradients, learning_rate, tau, samples, worker))
+        with tf.control_dependencies([changed]):
+            return tf.identity(version), tf.identity(tau)
+
     def apply_round(self, combine, learning_rate):
         """A sync round's end (called by the chief): the round's weighted mean combined once."""
         tf = _tf()
@@ -170,12 +227,20 @@ class Server:
         return self.lock.execute(critical)[0]
 
 
+def lock_free(combine) -> bool:
+    """Whether ``combine`` may run without the servers' lock: it keeps no state between updates
+    and always changes the parameters (``combine.lock_free = True``, as the shipped ``plain``
+    and ``staleness_aware`` say).  Any other combiner runs under the lock."""
+    return bool(getattr(combine, "lock_free", False))
+
+
 def build_update(server: Server, model, combine, mode: str, max_staleness: int, mean: float, std: float):
     """The ``tf.function`` a worker runs for one update of ``(x, y)`` at rate ``lr``; it returns
     the update's record, the figures of :data:`RECORD`."""
     tf = _tf()
     loss_fn = tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction="sum")
     round_acc = server.accumulator("round") if mode == "sync" else None
+    unlocked = mode == "async" and lock_free(combine)  # no global lock (Server.claimed)
 
     def replica(x, y, lr):
         t0 = tf.timestamp()
@@ -199,7 +264,11 @@ def build_update(server: Server, model, combine, mode: str, max_staleness: int, 
             admit = tau <= max_staleness if mode == "bounded" else tf.constant(True)
             return admit, server.combined(combine, Update(grads, lr, tau, n, worker), admit), tau
 
-        admitted, version, tau = server.lock.execute(critical)
+        if unlocked:
+            version, tau = server.claimed(combine, read, grads, lr, n, worker)
+            admitted = tf.constant(True)
+        else:
+            admitted, version, tau = server.lock.execute(critical)
         with tf.control_dependencies([version]):
             t2 = tf.timestamp()
         figures = [loss, correct, n, tau, admitted, version, worker, t1 - t0, t2 - t1]  # in the order of RECORD

@@ -6,11 +6,13 @@ from __future__ import annotations
 
 import io
 import json
+import subprocess
 import sys
 import threading
 import time
 from pathlib import Path
 
+import pytest
 from conftest import assert_quota_enforced, require_cpu_quota, write_run
 
 from pipelines.core.stages import ps_command
@@ -175,3 +177,34 @@ def test_one_worker_trains_exactly_as_one_horovod_rank(tmp_path):
     assert summary(ps)["steps"] == summary(hvd)["steps"] == 10
     for a, b in zip(*weights, strict=True):
         np.testing.assert_allclose(a, b, atol=1e-6)
+
+
+def placement(optimizer: str) -> dict:
+    probe = Path(__file__).with_name("ps_placement_probe.py")
+    proc = subprocess.run([sys.executable, str(probe), optimizer], capture_output=True, text=True, timeout=180,
+                          cwd=str(Path(__file__).resolve().parents[3]))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.parametrize("optimizer", ["sgd", "adam"])
+def test_the_optimizer_step_runs_on_the_server_that_holds_each_shard(optimizer):
+    """From the traced update of a model sharded over two servers: every op that touches an
+    optimizer slot is the fused apply, placed on the slot's server (so slots never travel), each
+    shard's apply on its own server; the worker only reads the parameters.  One update run for
+    real moves the weights by the optimizer's first step."""
+    out = placement(optimizer)
+    assert out["shards"] == out["weights"] == 8 and len(out["variable_devices"]) == 2  # 4 variables x 2 shards
+    fused = {"sgd": "ResourceApplyMomentum", "adam": "ResourceApplyAdam"}[optimizer]
+    touching = out["touching"]
+    slot_ops = [t for t in touching if t["kind"] == "slot"]
+    assert len(slot_ops) == 8 * (2 if optimizer == "adam" else 1)
+    assert all(t["op"] == fused and t["op_device"] == t["variable_device"] for t in slot_ops), slot_ops
+    applies = [t for t in touching if t["op"] == fused and t["kind"] == "variable"]
+    assert len(applies) == 8 and all(t["op_device"] == t["variable_device"] for t in applies), applies
+    assert {t["op_device"] for t in applies} == set(out["variable_devices"])  # both servers apply
+    others = [t for t in touching if t["op"] != fused]
+    assert others and all(t["op"] == "ReadVariableOp" and t["kind"] == "variable" for t in others), others
+    assert out["record"]["version"] == 1 and out["record"]["staleness"] == 0
+    assert out["moved"] > 1e-3
+    assert out["max_error"] < (1e-6 if optimizer == "sgd" else 2e-3), out["max_error"]  # Adam: its epsilon

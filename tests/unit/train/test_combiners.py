@@ -103,6 +103,31 @@ def test_staleness_aware_divides_the_step_by_one_plus_staleness():
     assert w2.numpy().tolist() == pytest.approx([1.0 - 0.4, -2.0 + 0.2])
 
 
+def test_staleness_aware_weighs_the_gradient_not_the_momentum_already_there():
+    server, combine, w = server_with("staleness_aware")
+    push(server, combine, [1.0, 0.0], lr=0.1, staleness=0)  # m = g1
+    push(server, combine, [0.0, 2.0], lr=0.1, staleness=3)  # m = 0.9 g1 + g2 / 4, not (0.9 g1 + g2) / 4
+    m = [0.9 * 1.0, 2.0 / 4]
+    assert w.numpy().tolist() == pytest.approx([1.0 - 0.1 - 0.1 * m[0], -2.0 - 0.1 * m[1]])
+
+
+def test_adam_staleness_aware_scales_the_step():
+    server, combine, w = server_with("staleness_aware", optimizer="adam")
+    ref = tf.Variable([1.0, -2.0])
+    keras = tf.keras.optimizers.Adam(learning_rate=0.01 / 4)
+    push(server, combine, [0.5, 1.0], lr=0.01, staleness=3)
+    keras.apply_gradients([(tf.constant([0.5, 1.0]), ref)])
+    assert w.numpy().tolist() == pytest.approx(ref.numpy().tolist(), rel=1e-5)
+
+
+def test_the_shipped_plain_and_staleness_aware_run_without_the_lock_and_window_average_with_it():
+    from pipelines.train.ps_server import lock_free
+
+    assert lock_free(server_with("plain")[1]) and lock_free(server_with("staleness_aware")[1])
+    assert not lock_free(server_with("window_average")[1])
+    assert not lock_free(lambda update: True)  # a user's combiner runs under the lock unless it says so
+
+
 def test_window_average_applies_the_sample_weighted_mean_once_per_window():
     server, combine, w = server_with("window_average", window=2)
     assert push(server, combine, [1.0, 0.0], lr=0.1, samples=1.0) == (True, 0)  # admitted, held: no change yet
