@@ -146,6 +146,21 @@ def test_strategies():
     assert (line["rows"], line["epochs"], line["global_batch"], line["slow_share"]) == (1000, 1, 128, 1.0)
 
 
+def test_ps_apply():
+    line = run_bench("ps_apply.py", "--units", 64, "--layers", 1, "--updates", 8, "--repeats", 2)
+    has_keys(line, {"updates_per_sec", "updates_per_sec_sd", "updates_per_sec_per_repeat", "second_server_speedup",
+                    "second_server_speedup_sd", "second_server_speedup_per_repeat", "parameters", "optimizer",
+                    "units", "layers", "batch", "updates", "repeats", "workers", "cpus"})
+    assert set(line["updates_per_sec"]) == {"1", "2"}
+    assert all(number(v, 0.5) for v in line["updates_per_sec"].values())
+    assert all(len(v) == 2 and all(number(x, 0.5) for x in v) for v in line["updates_per_sec_per_repeat"].values())
+    per = line["updates_per_sec_per_repeat"]
+    speedups = [round(b / a, 3) for a, b in zip(per["1"], per["2"], strict=True)]
+    assert line["second_server_speedup_per_repeat"] == pytest.approx(speedups, abs=2e-3)
+    assert number(line["second_server_speedup"], 0.05, 20) and number(line["second_server_speedup_sd"], 0)
+    assert line["parameters"] == 64 * 64 + 64 + 64 * 10 + 10 and line["optimizer"] == "adam"
+
+
 def test_estimator(tmp_path, full_core_pool):
     out = tmp_path / "work"
     # no reference runs: a whole pipeline each (the profile_pool DAG's real-Airflow test runs them)
