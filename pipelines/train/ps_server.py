@@ -125,9 +125,10 @@ class Server:
                 self.slots[slot] = zeros_beside(strategy, self.variables, slot)
             self.iterations = tf.Variable(0, dtype=tf.int64, trainable=False, name="server_iterations")
             self.accumulators: dict[str, Accumulator] = {}
+        self.locked = True  # updates run under self.lock (build_update says when they do not)
         with tf.device(self.version.device):
             self.lock = tf.CriticalSection(name="parameter_lock")  # combiners that need one
-            self.counter_lock = tf.CriticalSection(name="version_counter")  # the lock-free path's claim
+            self.counter_lock = tf.CriticalSection(name="counters")  # a version claim, Adam's t: nothing else
 
     def accumulator(self, name: str) -> Accumulator:
         """A named accumulator (created once, before training: call it from a combiner's factory)."""
@@ -150,8 +151,7 @@ class Server:
         ops = []
         if self.optimizer == "adam":
             b1, b2, eps = ADAM
-            with tf.device(self.iterations.device):
-                t = tf.cast(self.iterations.assign_add(1), tf.float32)  # atomic: each update its own t
+            t = tf.cast(self.tick(), tf.float32)  # each update its own t, even without the lock
             if scale is not None:
                 lr = lr * scale
             for g, v, m, s in zip(gradients, self.variables, self.slots["m"], self.slots["v"], strict=True):
@@ -161,8 +161,8 @@ class Server:
                         lr=lr, beta1=tf.constant(b1), beta2=tf.constant(b2), epsilon=tf.constant(eps),
                         grad=tf.cast(g, v.dtype), use_locking=True))
         else:
-            with tf.device(self.iterations.device):
-                ops.append(self.iterations.assign_add(1))
+            with tf.device(self.iterations.device):  # a count only: SGD has no use for t
+                ops.append(self.iterations.assign_add(1, read_value=False))
             momentum = tf.constant(self.momentum, tf.float32)
             for g, v, m in zip(gradients, self.variables, self.slots["momentum"], strict=True):
                 with tf.device(v.device):
@@ -173,6 +173,22 @@ class Server:
                         use_locking=True, use_nesterov=False))
         with tf.control_dependencies(ops):
             return tf.constant(True)
+
+    def tick(self):
+        """The optimizer's step count after this update's increment (Adam's t).  ``assign_add``'s
+        own return value is a later read, so without the global lock the add and the read are
+        made one in the counters' critical section.  Under the global lock (``self.locked``) they
+        already are, and a critical section entered inside another one deadlocks."""
+        tf = _tf()
+
+        def add():
+            with tf.control_dependencies([self.iterations.assign_add(1, read_value=False)]):
+                return self.iterations.read_value()
+
+        if self.locked:
+            with tf.device(self.iterations.device):
+                return add()
+        return self.counter_lock.execute(add)
 
     def trackables(self) -> dict[str, Any]:
         """What a checkpoint saves besides the model: slots, version and accumulators."""
@@ -192,10 +208,11 @@ class Server:
         return tf.cond(changed, lambda: self.version.assign_add(1), self.version.read_value)
 
     def claimed(self, combine, read, gradients, learning_rate, samples, worker):
-        """Without a lock (a lock-free combiner in async mode): claim the next version with one
-        atomic ``assign_add``, so τ = the claimed version - 1 - ``read``, then combine; returns
-        (the claimed version, τ).  Every update changes the parameters (the combiner says so by
-        being lock-free), so the versions the updates claim are 1, 2, 3, ... with none missing."""
+        """Without the global lock (a lock-free combiner in async mode): claim the next version
+        (an add and a read in the counters' critical section, nothing else), so τ = the claimed
+        version - 1 - ``read``, then combine; returns (the claimed version, τ).  Every update
+        changes the parameters (the combiner says so by being lock-free), so the versions the
+        updates claim are 1, 2, 3, ... with none missing."""
         tf = _tf()
         # A resource variable's assign_add returns a read made after the add, not the add's own
         # result, so two updates could claim the same version: the claim alone (an add and a
@@ -241,6 +258,7 @@ def build_update(server: Server, model, combine, mode: str, max_staleness: int, 
     loss_fn = tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction="sum")
     round_acc = server.accumulator("round") if mode == "sync" else None
     unlocked = mode == "async" and lock_free(combine)  # no global lock (Server.claimed)
+    server.locked = not unlocked
 
     def replica(x, y, lr):
         t0 = tf.timestamp()
@@ -267,8 +285,9 @@ def build_update(server: Server, model, combine, mode: str, max_staleness: int, 
         if unlocked:
             version, tau = server.claimed(combine, read, grads, lr, n, worker)
             admitted = tf.constant(True)
-        else:
-            admitted, version, tau = server.lock.execute(critical)
+        else:  # the lock is taken once the gradients exist: taken any earlier, it would be held
+            with tf.control_dependencies(grads):  # while they are computed, one worker at a time
+                admitted, version, tau = server.lock.execute(critical)
         with tf.control_dependencies([version]):
             t2 = tf.timestamp()
         figures = [loss, correct, n, tau, admitted, version, worker, t1 - t0, t2 - t1]  # in the order of RECORD

@@ -153,3 +153,23 @@ def test_adam_on_the_server_matches_keras_adam():
         push(server, combine, g, lr=0.01)
         keras.apply_gradients([(tf.constant(g), ref)])
     assert w.numpy().tolist() == pytest.approx(ref.numpy().tolist(), rel=1e-5)
+
+
+def test_adam_without_the_lock_takes_its_step_count_in_the_counters_section_and_matches_keras():
+    """The lock-free path (async with plain or staleness_aware): Adam's t comes from the counters'
+    critical section, one per update; under the global lock it is a plain add (entering a
+    critical section inside another one would deadlock, as the pushes above do)."""
+    from pipelines.train.ps_server import Update
+
+    server, combine, w = server_with("plain", optimizer="adam")
+    server.locked = False
+    ref = tf.Variable([1.0, -2.0])
+    keras = tf.keras.optimizers.Adam(learning_rate=0.01)
+    for g in ([0.5, 1.0], [-0.2, 0.3]):
+        update = Update([tf.constant(g)], tf.constant(0.01), tf.constant(0, tf.int64), tf.constant(1.0),
+                        tf.constant(0, tf.int64))
+        server.claimed(combine, tf.constant(0, tf.int64), update.gradients, update.learning_rate, update.samples,
+                       update.worker)
+        keras.apply_gradients([(tf.constant(g), ref)])
+    assert int(server.iterations.numpy()) == 2 and int(server.version.numpy()) == 2
+    assert w.numpy().tolist() == pytest.approx(ref.numpy().tolist(), rel=1e-5)
