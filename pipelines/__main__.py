@@ -16,14 +16,14 @@ from pathlib import Path
 
 from pipelines.core.stages import ALIASES, STAGES, StageContext, canonical, resolve
 from pipelines.data.sample import generate
-from pipelines.errors import EXIT_BAD_INPUT, EXIT_FAILED, StageError, StageFailure
+from pipelines.errors import exit_codes
 from pipelines.estimate.probe import probe_pool
 from pipelines.estimate.reference import reference_runs
 from pipelines.estimate.regress import bank_report
 from pipelines.estimate.sweep import profile_device
 from pipelines.launch.lifetime import die_with_parent
 from pipelines.launch.render import render_cli
-from pipelines.spec import JobSpec, SpecError, load_pool, load_spec, pool_profiles_path, read_mapping
+from pipelines.spec import JobSpec, load_pool, load_spec, pool_profiles_path, read_mapping
 from pipelines.stores.rundir import RunDir, write_json
 
 log = logging.getLogger("pipelines")
@@ -178,7 +178,11 @@ def bank_command(args: argparse.Namespace) -> dict:
     return report
 
 
+@exit_codes
 def main(argv: list[str] | None = None) -> int:
+    """Run one command; its result is the last line of standard output.  Errors end it with one
+    ``ERROR:`` line and their exit code: 2 bad input (a model that cannot be built among them), 3
+    a failure a retry may fix (pipelines.errors.exit_codes; docs/ARCHITECTURE.md, "Failure rules")."""
     die_with_parent()  # run by an Airflow task: end (and stop the ranks) when the task process dies
     args = build_parser().parse_args(argv)
     logging.basicConfig(
@@ -186,21 +190,14 @@ def main(argv: list[str] | None = None) -> int:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         stream=sys.stderr,
     )
-    try:
-        if args.command == "generate-data":
-            result = generate(args.out, rows_per_day=args.rows_per_day, days=args.days, start=args.start, seed=args.seed)
-        elif args.command in ("profile", "fit-bank", "probe-allreduce", "reference-runs"):
-            result = bank_command(args)
-        elif args.command == "render":
-            result = render_cli(args)
-        else:
-            result = run_stage(args)
-    except StageFailure as e:  # a retry may succeed
-        print(f"ERROR: {e}", file=sys.stderr, flush=True)
-        return EXIT_FAILED
-    except (SpecError, StageError, FileNotFoundError, ValueError) as e:  # a retry would fail the same way
-        print(f"ERROR: {e}", file=sys.stderr, flush=True)
-        return EXIT_BAD_INPUT
+    if args.command == "generate-data":
+        result = generate(args.out, rows_per_day=args.rows_per_day, days=args.days, start=args.start, seed=args.seed)
+    elif args.command in ("profile", "fit-bank", "probe-allreduce", "reference-runs"):
+        result = bank_command(args)
+    elif args.command == "render":
+        result = render_cli(args)
+    else:
+        result = run_stage(args)
     print(json.dumps(result, sort_keys=True, default=str), flush=True)
     return 0
 

@@ -25,7 +25,7 @@ from typing import Any
 
 from pipelines.core.stages import CALIBRATION_BATCHES, CALIBRATION_SECONDS
 from pipelines.core.stages import calibration_command as child_command
-from pipelines.errors import StageError
+from pipelines.errors import NO_RETRY, StageError, StageFailure, child_error, exit_codes
 from pipelines.estimate.features import model_features
 from pipelines.launch.cgroups import CpuLimiter, threads_for
 from pipelines.launch.rendezvous import ENV_THREADS
@@ -230,13 +230,16 @@ def run_calibration(
     cmd: list[str], env: dict[str, str], device: Any, out: Path, limiter: Any, timeout_s: float
 ) -> tuple[dict[str, Any], bool]:
     """Run one calibration child (:func:`run_placed`); returns the profile it wrote to ``out`` and
-    whether its quota was enforced.  Raises StageError when it fails or writes no profile (with its
-    last output lines)."""
+    whether its quota was enforced.  Raises StageError with the child's own ``ERROR:`` cause when
+    it exits 2 (bad input: the model, the spec), StageFailure with its last output lines when it
+    fails otherwise or writes no profile (docs/ARCHITECTURE.md, "Failure rules")."""
     what = f"calibration of device type {device.name!r}"
     output, code, enforced = run_placed(cmd, env, device, limiter, timeout_s, what)
+    if code in NO_RETRY and (cause := child_error(output.splitlines())):  # a bad input: the child said which
+        raise StageError(f"{what} failed (exit {code}): {cause}")
     if code != 0 or not out.is_file():
         tail = "\n".join(output.strip().splitlines()[-5:])
-        raise StageError(f"{what} failed (exit {code}): {tail}")
+        raise StageFailure(f"{what} failed (exit {code}): {tail}")
     return json.loads(out.read_text()), enforced
 
 
@@ -285,8 +288,11 @@ def calibrate_pool(
     return profiles
 
 
+@exit_codes
 def main(argv: list[str] | None = None) -> int:
-    """CLI of the calibration child process."""
+    """CLI of the calibration child process (a local child or a calibration pod).  A bad input
+    (the spec, the model: the bank check builds it first) ends it with one ``ERROR:`` line and
+    exit 2 (pipelines.errors.exit_codes)."""
     parser = argparse.ArgumentParser(
         prog="python -m pipelines.estimate.calibrate", description=__doc__.splitlines()[0]
     )
@@ -323,11 +329,7 @@ def main(argv: list[str] | None = None) -> int:
                               "in_bank": True, "rows": known})
         return 0
     batches = [int(b) for b in args.batches.split(",") if b.strip()]
-    try:
-        profile = calibrate(spec, args.device, batch_sizes=batches, min_seconds=args.min_seconds)
-    except StageError as e:
-        print(f"ERROR: {e}", file=sys.stderr)
-        return 2
+    profile = calibrate(spec, args.device, batch_sizes=batches, min_seconds=args.min_seconds)
     write_json(args.out, profile)
     return 0
 

@@ -16,7 +16,7 @@ import time
 from typing import Any
 
 from pipelines.core.stages import last_json_object
-from pipelines.errors import StageError
+from pipelines.errors import StageError, exit_codes
 from pipelines.launch.local import launch, profiles_from_pool
 from pipelines.spec import load_pool
 from pipelines.stores.profile_bank import ProfileBank, now, pool_key
@@ -39,8 +39,10 @@ def fit_link(ranks: int, sizes: list[int], seconds: list[float]) -> dict[str, fl
     return {"latency_s": max(latency, 1e-6), "bandwidth_bps": 1e6 / per_mb if per_mb > 0 else 1e12}
 
 
+@exit_codes
 def rank_main() -> int:
-    """One rank of the probe: time ``REPEATS`` allreduces of each size; rank 0 prints the fit."""
+    """One rank of the probe: time ``REPEATS`` allreduces of each size; rank 0 prints the fit.
+    Errors end it as every program's (pipelines.errors.exit_codes)."""
     start_rank()
     with horovod_job() as hvd:
         import tensorflow as tf  # here, not above: the estimate stage imports this module without needing it

@@ -22,7 +22,7 @@ from typing import Any
 
 from pipelines.core.stages import last_json_object
 from pipelines.data.sample import generate
-from pipelines.errors import StageError
+from pipelines.errors import NO_RETRY, StageError, StageFailure, child_error
 from pipelines.launch.lifetime import ENV_PARENT
 
 # Models of their own (not in the sweep's family), on the generated 28x28x1 shapes, with the
@@ -37,8 +37,8 @@ STAGES = ("preload", "estimate", "train", "analyze")
 def run_pipeline(spec: dict[str, Any], run_dir: Path, *, run_id: str, dag_id: str = "reference",
                  stages: tuple[str, ...] = STAGES, timeout_s: float = 1800.0) -> dict[str, dict[str, Any]]:
     """Run ``stages`` of the pipeline with ``spec`` into ``run_dir``, one ``python -m pipelines``
-    process each, as the DAG's tasks do; returns each stage's result.  A failed stage raises
-    StageError with its last lines."""
+    process each, as the DAG's tasks do; returns each stage's result.  A stage that exits 2 raises
+    StageError with its ``ERROR:`` cause; one that fails otherwise StageFailure with its last lines."""
     results: dict[str, dict[str, Any]] = {}
     # The stages end with this process (not with whoever started it, which they would wrongly think dead).
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", ENV_PARENT: str(os.getpid())}
@@ -47,9 +47,11 @@ def run_pipeline(spec: dict[str, Any], run_dir: Path, *, run_id: str, dag_id: st
                "--dag-id", dag_id, "--run-id", run_id]
         proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=timeout_s)
         result = last_json_object(proc.stdout.splitlines())
+        if proc.returncode in NO_RETRY and (cause := child_error(proc.stderr.splitlines())):
+            raise StageError(f"{stage} of {run_id} failed (exit {proc.returncode}): {cause}")
         if proc.returncode != 0 or result is None:
             tail = "\n".join((proc.stderr or proc.stdout).strip().splitlines()[-6:])
-            raise StageError(f"{stage} of {run_id} failed (exit {proc.returncode}): {tail}")
+            raise StageFailure(f"{stage} of {run_id} failed (exit {proc.returncode}): {tail}")
         results[stage] = result
     return results
 

@@ -40,14 +40,14 @@ from typing import Any
 
 from pipelines.core.profiling_commands import sweep_command
 from pipelines.core.stages import last_json_object
-from pipelines.errors import EXIT_BAD_INPUT, EXIT_FAILED, StageError
+from pipelines.errors import NO_RETRY, ModelError, StageError, StageFailure, child_error, exit_codes
 from pipelines.estimate import family as fam
 from pipelines.estimate.calibrate import run_placed, set_threads, standalone_step
 from pipelines.estimate.features import model_features
 from pipelines.launch.cgroups import CpuLimiter, threads_for
 from pipelines.launch.rendezvous import ENV_THREADS
 from pipelines.models import build_model
-from pipelines.spec import SpecError, load_pool, read_mapping
+from pipelines.spec import load_pool, read_mapping
 from pipelines.stores.profile_bank import ProfileBank, bank_features, device_key, features_key, now
 
 log = logging.getLogger("pipelines.estimate.sweep")
@@ -187,14 +187,19 @@ def profile_device(pool_source: str, device: str, bank: str, size: str, *, sourc
     for line in output.strip().splitlines()[-40:]:
         log.info("[%s] %s", device, line)
     result = last_json_object(output.splitlines())
+    if code in NO_RETRY and (cause := child_error(output.splitlines())):  # a bad input: the child said which
+        raise StageError(f"profiling device type {device!r} failed (exit {code}): {cause}")
     if code != 0 or result is None:
         tail = "\n".join(output.strip().splitlines()[-5:])
-        raise StageError(f"profiling device type {device!r} failed (exit {code}): {tail}")
+        raise StageFailure(f"profiling device type {device!r} failed (exit {code}): {tail}")
     return {**result, "quota_enforced": bool(enforced), "cpu_share": dev.local.cpu_share, "threads": threads}
 
 
+@exit_codes
 def main(argv: list[str] | None = None) -> int:
-    """The device-side child (see the module docstring); prints its result as the last line."""
+    """The device-side child (see the module docstring); prints its result as the last line.  Bad
+    input (the pool, the device, the size, a model of the family that cannot be built) exits 2,
+    a failure of the sweep itself 3, each with one ``ERROR:`` line (pipelines.errors.exit_codes)."""
     p = argparse.ArgumentParser(prog="python -m pipelines.estimate.sweep", description=__doc__.splitlines()[0])
     p.add_argument("--pool", required=True, help="pool: YAML/JSON file or inline JSON")
     p.add_argument("--device", required=True, help="the device type this process runs as")
@@ -209,21 +214,18 @@ def main(argv: list[str] | None = None) -> int:
     if any(os.environ.get(k) != v for k, v in CHILD_ENV.items()):  # before TensorFlow allocates anything
         os.execve(sys.executable, [sys.executable, "-m", "pipelines.estimate.sweep", *(argv or sys.argv[1:])],
                   {**os.environ, **CHILD_ENV})
-    try:
-        pool = load_pool(args.pool)
-        pool.get(args.device)
-        fam.family(args.size)
-    except (SpecError, StageError) as e:
-        print(f"ERROR: {e}", file=sys.stderr, flush=True)
-        return EXIT_BAD_INPUT
+    pool = load_pool(args.pool)
+    pool.get(args.device)
+    fam.family(args.size)
     set_threads(args.threads)
     source = args.source or f"sweep-{time.strftime('%Y%m%dT%H%M%S')}-{uuid.uuid4().hex[:6]}"
     try:
         result = run_sweep(pool, args.device, args.launcher, args.bank, args.size, source=source,
                            optimizer=args.optimizer, threads=args.threads or None)
-    except StageError as e:
-        print(f"ERROR: {e}", file=sys.stderr, flush=True)
-        return EXIT_FAILED
+    except ModelError:
+        raise
+    except StageError as e:  # the bank could not be written, a measurement failed: a retry may succeed
+        raise StageFailure(str(e)) from None
     print(json.dumps(result, sort_keys=True), flush=True)
     return 0
 

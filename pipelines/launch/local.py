@@ -31,7 +31,7 @@ from pathlib import Path
 
 from pipelines.core.plan import plan_strategy
 from pipelines.core.stages import ps_command, rank_command
-from pipelines.errors import EXIT_DIVERGED, EXIT_FAILED, NO_RETRY, StageError, StageFailure
+from pipelines.errors import EXIT_DIVERGED, EXIT_FAILED, NO_RETRY, StageError, StageFailure, child_error
 from pipelines.launch.cgroups import PERIOD_US, CpuLimiter, threads_for
 from pipelines.launch.lifetime import child_env, die_with_parent, stop_earlier_tries, try_env
 from pipelines.launch.rendezvous import (
@@ -152,8 +152,11 @@ def raise_for_ranks(stage: str, result: LaunchResult) -> None:
     retried) (docs/ARCHITECTURE.md, "Failure rules")."""
     if result.returncode == 0:
         return
-    tail = "\n".join((result.tails.get(result.failed_rank) or [])[-10:]) if result.failed_rank is not None else ""
+    lines = (result.tails.get(result.failed_rank) or []) if result.failed_rank is not None else []
+    tail = "\n".join(lines[-10:])
     message = f"{stage}: {result.message}" + (f"; its last lines:\n{tail}" if tail else "")
+    if result.returncode in NO_RETRY and (cause := child_error(lines)):  # the rank said why: quote that
+        message = f"{stage}: {result.message.splitlines()[0]}: {cause}"
     if result.returncode == EXIT_DIVERGED:
         raise StageError(f"{message}\nthe loss diverged: a retry would diverge again at the same step; lower training.learning_rate")
     if result.returncode in NO_RETRY:

@@ -10,8 +10,9 @@ the loss every rank sees is the global batch's mean (averaged by Horovod), so ev
 the same decisions: when to stop, which rates to confirm, which to choose.  Rank 0 writes
 ``lr_search/result.json`` and ``curve.png`` and prints the result as its last line.
 
-Exit codes: 0 done (or already done for these inputs), 2 bad input (spec, plan, data, a curve
-that cannot be analysed), 3 a failure of the test itself.
+Exit codes (:func:`pipelines.errors.exit_codes`, one ``ERROR:`` line): 0 done (or already done
+for these inputs), 2 bad input (spec, plan, data, a model that cannot be built, a curve that
+cannot be analysed), 3 a failure of the test itself.
 """
 
 from __future__ import annotations
@@ -29,12 +30,12 @@ import numpy as np
 
 from pipelines.core.plan import run_plan
 from pipelines.data.reader import epoch_permutation, open_split
-from pipelines.errors import EXIT_BAD_INPUT, StageError
+from pipelines.errors import StageError, exit_codes
 from pipelines.lr_search import range_test as rt
 from pipelines.lr_search.curve import RULE_VERSION, auto_beta, choose, confirmation
 from pipelines.lr_search.result import STAGE, completed, plot_curve, search_key, tested_result
 from pipelines.models import build_model
-from pipelines.spec import SpecError, load_spec
+from pipelines.spec import load_spec
 from pipelines.stores.rundir import RunDir, write_json
 from pipelines.sync.balance import scheduled_lr
 from pipelines.sync.horovod_job import horovod_job, print_result, start_rank
@@ -210,16 +211,13 @@ def write_outputs(job: SearchJob, result: dict[str, Any]) -> dict[str, Any]:
     return result
 
 
+@exit_codes
 def main(argv: list[str] | None = None) -> int:
     """Run one rank; rank 0 prints the result last.  Every rank first looks for a result of the
     same inputs and, when there is one, exits at once without joining the rendezvous."""
     rank = start_rank()
     args = parse_args(argv)
-    try:
-        job = load_search(args)
-    except (SpecError, StageError, FileNotFoundError) as e:
-        log.error("%s", e)
-        return EXIT_BAD_INPUT
+    job = load_search(args)
     done = None if args.fresh else completed(job.run_dir, job.key)
     if done is not None:
         log.info("already searched for these inputs (input key %s); returning the stored result", job.key)
@@ -228,13 +226,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     with horovod_job() as hvd:
         if hvd.size() != len(job.batches):
-            log.error("the plan has %d ranks but %d were started", len(job.batches), hvd.size())
-            return EXIT_BAD_INPUT
-        try:
-            result = search(job, hvd)
-        except StageError as e:
-            log.error("%s", e)
-            return EXIT_BAD_INPUT
+            raise StageError(f"the plan has {len(job.batches)} ranks but {hvd.size()} were started")
+        result = search(job, hvd)
     if hvd.rank() == 0:
         result = write_outputs(job, result)
         log.info("learning rate %.4g (%s)", result["learning_rate"], result["reason"])

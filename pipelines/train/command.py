@@ -1,7 +1,9 @@
 """The command line of the two training programs, the Horovod trainer (``pipelines.train.trainer``,
 one per rank) and the parameter-server job (``pipelines.train.ps``, one per task): their options,
-the input key of the result they make, the stored result that makes training unnecessary, and
-their exit codes (docs/ARCHITECTURE.md, "Failure rules").
+the input key of the result they make and the stored result that makes training unnecessary.
+Their errors carry their exit codes (``TrainingError`` 2, ``DivergedError`` 4, ``ParameterServerLost``
+3), which the programs' ``main`` (:func:`pipelines.errors.exit_codes`) ends with
+(docs/ARCHITECTURE.md, "Failure rules").
 """
 
 from __future__ import annotations
@@ -12,11 +14,9 @@ import os
 from collections.abc import Callable
 from typing import Any
 
-from pipelines.errors import EXIT_BAD_INPUT, EXIT_DIVERGED, EXIT_FAILED
 from pipelines.spec import SpecError, load_spec
 from pipelines.stores.rundir import RunDir
 from pipelines.sync.horovod_job import print_result
-from pipelines.train.ps_cluster import ParameterServerLost
 from pipelines.train.rank_job import DivergedError, TrainingError, read_plan
 from pipelines.train.result import completed, train_input_key
 
@@ -63,28 +63,18 @@ def out_dir(args: argparse.Namespace) -> str:
 def train_once(args: argparse.Namespace, train: Callable[[str], dict[str, Any]], prints: bool) -> int:
     """A training program's work: the stored result of the same inputs (a file of the shared run
     directory, so every rank or task finds the same), else ``train(input key)``'s; printed as
-    the last line of output when ``prints``.  Returns the exit code (:func:`failed`)."""
-    try:
-        key = result_key(args)
-        done = None if args.fresh else completed(out_dir(args), key)
-        if done is not None:
-            log.info("already trained for these inputs (input key %s); returning the stored result", key)
-        else:
+    the last line of output when ``prints``.  Returns 0; a :class:`TrainingError` (or a
+    :class:`pipelines.errors.ModelError`) stops it with its exit code (:func:`pipelines.errors.exit_codes`)."""
+    key = result_key(args)
+    done = None if args.fresh else completed(out_dir(args), key)
+    if done is not None:
+        log.info("already trained for these inputs (input key %s); returning the stored result", key)
+    else:
+        try:
             done = train(key)
-    except (TrainingError, ParameterServerLost) as e:
-        return failed(e)
+        except DivergedError:
+            log.error("the loss diverged: a retry would diverge again at the same step; lower training.learning_rate")
+            raise
     if prints:
         print_result(done)
     return 0
-
-
-def failed(error: TrainingError | ParameterServerLost) -> int:
-    """Log why training stopped; the exit code: 4 for a diverged loss, 2 for bad input (neither
-    is retried), 3 for a lost parameter server (the retry resumes from the last checkpoint)."""
-    log.error("%s", error)
-    if isinstance(error, ParameterServerLost):
-        return EXIT_FAILED
-    if isinstance(error, DivergedError):
-        log.error("the loss diverged: a retry would diverge again at the same step; lower training.learning_rate")
-        return EXIT_DIVERGED
-    return EXIT_BAD_INPUT

@@ -25,12 +25,11 @@ import logging
 import os
 import sys
 
-from pipelines.errors import EXIT_BAD_INPUT
+from pipelines.errors import exit_codes
 from pipelines.launch.lifetime import die_with_parent
 from pipelines.train.command import parse_args, train_once
 from pipelines.train.ps_chief import Chief
 from pipelines.train.ps_cluster import task_of
-from pipelines.train.rank_job import TrainingError
 
 log = logging.getLogger("pipelines.train")
 
@@ -54,23 +53,26 @@ def serve(role: str, index: int) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     die_with_parent()
-    try:
-        role, index, _ = task_of()
-    except TrainingError as e:
-        logging.basicConfig(level=logging.INFO)
-        log.error("%s", e)
-        return EXIT_BAD_INPUT
-    logging.basicConfig(level=logging.INFO, format=f"%(asctime)s %(levelname)s {role}{index}: %(message)s")
-    if role != "chief":
-        return serve(role, index)
-    logging.getLogger("tensorflow").setLevel(logging.WARNING)  # the strategy logs its whole config at INFO
-    code = chief(parse_args(argv))
+    code = task(argv)
     # The coordinator's threads (a lost worker's reconnection among them) can keep the interpreter
-    # from exiting: the chief's work is written and printed, so it ends here.
+    # from exiting: the chief's work is written and printed (or its error), so it ends here.
     sys.stdout.flush()
     sys.stderr.flush()
     logging.shutdown()
     os._exit(code)
+
+
+@exit_codes
+def task(argv: list[str] | None = None) -> int:
+    """This task's life by its role in ``TF_CONFIG``: a worker or parameter server serves, the
+    chief trains.  A bad input (the model among them) ends it with one ``ERROR:`` line and its
+    exit code (pipelines.errors.exit_codes)."""
+    role, index, _ = task_of()
+    logging.basicConfig(level=logging.INFO, format=f"%(asctime)s %(levelname)s {role}{index}: %(message)s")
+    if role != "chief":
+        return serve(role, index)
+    logging.getLogger("tensorflow").setLevel(logging.WARNING)  # the strategy logs its whole config at INFO
+    return chief(parse_args(argv))
 
 
 def chief(args) -> int:

@@ -14,11 +14,12 @@ import socket
 import time
 from typing import Any
 
+from pipelines.errors import StageFailure
 from pipelines.launch.tfconfig import ENV
 from pipelines.train.rank_job import TrainingError
 
 
-class ParameterServerLost(RuntimeError):
+class ParameterServerLost(StageFailure):
     """A parameter server stopped answering: its variables are gone, the task fails (exit 3) and
     its retry resumes from the last checkpoint."""
 

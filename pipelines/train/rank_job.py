@@ -15,6 +15,7 @@ from typing import Any
 
 from pipelines.core.plan import load_plan, plan_path
 from pipelines.data.reader import open_split
+from pipelines.errors import EXIT_DIVERGED, StageError
 from pipelines.launch.cgroups import cpu_quota_cores, own_cpu_group
 from pipelines.spec import SpecError, load_spec
 from pipelines.stores.rundir import RunDir
@@ -23,7 +24,7 @@ from pipelines.sync.balance import scaled_learning_rate, split_proportional
 NO_CAP = 1 << 30  # a rank's memory cap when the plan gives none
 
 
-class TrainingError(RuntimeError):
+class TrainingError(StageError):
     """Training cannot start or continue with these inputs (bad plan, missing rate, a promoted
     model of another architecture); every rank stops with exit code 2 (no retry)."""
 
@@ -31,6 +32,8 @@ class TrainingError(RuntimeError):
 class DivergedError(TrainingError):
     """The loss became NaN or infinite; every rank stops with exit code 4: a retry would resume
     from the last checkpoint and diverge again at the same step (same data, same rate)."""
+
+    exit_code = EXIT_DIVERGED
 
 
 @dataclass

@@ -32,6 +32,7 @@ import time
 import numpy as np
 
 from pipelines.data.reader import RankInput, epoch_permutation
+from pipelines.errors import exit_codes
 from pipelines.models import build_model
 from pipelines.sync.balance import allocate, epoch_steps, scheduled_lr
 from pipelines.sync.horovod_job import horovod_job, start_rank
@@ -49,10 +50,12 @@ from pipelines.train.window import RATE, SECONDS, Window, plan_window, run_figur
 log = logging.getLogger("pipelines.train")
 
 
+@exit_codes
 def main(argv: list[str] | None = None) -> int:
     """Train one rank; rank 0 prints the stage result last.  Every rank first looks for a result
     of the same inputs (pipelines.train.command.train_once) and, when there is one, exits at once
-    without joining the rendezvous; rank 0 prints it."""
+    without joining the rendezvous; rank 0 prints it.  A bad input (the model among them) ends
+    the rank with one ``ERROR:`` line and exit 2 (pipelines.errors.exit_codes)."""
     rank = start_rank()
     args = parse_args(argv)
     return train_once(args, lambda key: train(args, key), prints=rank == "0")

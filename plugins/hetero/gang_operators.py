@@ -12,10 +12,11 @@ through ``PipelineStageOperator`` and the ``profile_pool`` operators.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from contextlib import AbstractContextManager
 from typing import Any
 
 from hetero.kube.pods import Connection
-from hetero.operators import RunnerOperator
+from hetero.operators import RunnerOperator, no_retry_for_bad_ranks
 from hetero.runners.gang_runner import (
     GangJob,
     GangRunner,
@@ -84,6 +85,11 @@ class GangJobOperator(RunnerOperator):
 
     def job(self, spec: JobSpec) -> GangJob:
         raise NotImplementedError
+
+    def guard(self) -> AbstractContextManager:
+        """A pod that exited 2 (bad input: the spec, the model) or 4 (diverged) fails the task on
+        its first try, as the pipeline's stage tasks do (docs/ARCHITECTURE.md, "Failure rules")."""
+        return no_retry_for_bad_ranks()
 
     def make_runner(self, context: Any = None) -> GangRunner:
         spec = load_spec(self.spec_json)

@@ -131,11 +131,40 @@ def test_a_device_type_no_node_can_take_fails_with_the_schedulers_event(cluster,
 def test_a_failed_calibration_pod_fails_the_task_with_its_exit_code_and_last_lines(
     cluster, kube, kube_conn, task_context, tmp_path
 ):
-    from hetero.kube.errors import RankPodFailed
+    from airflow.sdk.exceptions import AirflowFailException
 
     pool = _pool(tmp_path, {"fast": {"cpu": "1", "memory": "1Gi"}})
     doc = _spec(cluster, tmp_path, pool, kube_conn)
     context = task_context("estimate", run_id="calibration-3")  # no spec.json in its run directory
-    with pytest.raises(RankPodFailed, match=r"(?s)failed with exit code 1 \(Error\).*spec\.json: job spec file not found"):
+    # A missing input is a bad input (exit 2, one ERROR: line): the task fails without retries.
+    with pytest.raises(AirflowFailException, match=r"(?s)failed with exit code 2 \(Error\).*\nERROR: "
+                       r"\S+/spec\.json: job spec file not found\n\(not retried: exit code 2\)$"):
         _operator(doc).execute(context)
+    assert not kube.list_namespaced_pod("default", label_selector="app.kubernetes.io/component=calibration").items
+
+
+def test_a_model_that_cannot_be_built_fails_the_task_on_its_first_try_naming_it(
+    cluster, kube, kube_conn, task_context, tmp_path
+):
+    """The first calibration pod that builds the model (the profile-bank check does, before any
+    timing) exits 2 with one ERROR: line: the task fails without retries, naming the model."""
+    import time
+
+    from airflow.sdk.exceptions import AirflowFailException
+
+    pool = _pool(tmp_path, {"fast": {"cpu": "1", "memory": "1Gi"}})
+    doc = {**_spec(cluster, tmp_path, pool, kube_conn), "model": {"name": "hetero_no_such_models.net:build"}}
+    context = task_context("estimate", run_id="calibration-4")
+    run_dir = _run_dir(cluster, context, doc)
+    assert context["ti"].try_number == 1
+    started = time.monotonic()
+    with pytest.raises(AirflowFailException) as e:
+        _operator(doc).execute(context)
+    message = str(e.value)
+    assert "failed with exit code 2" in message and "(not retried: exit code 2)" in message, message
+    assert ("ERROR: model.name 'hetero_no_such_models.net:build': cannot import module 'hetero_no_such_models.net': "
+            "ModuleNotFoundError: No module named 'hetero_no_such_models'") in message, message
+    assert "Traceback" not in message, message
+    assert time.monotonic() - started < 60  # one pod start: the bank check builds the model before any timing
+    assert not (run_dir / "estimate" / "calibration" / "profile-fast.json").exists()
     assert not kube.list_namespaced_pod("default", label_selector="app.kubernetes.io/component=calibration").items

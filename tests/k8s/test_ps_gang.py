@@ -128,12 +128,17 @@ def test_a_parameter_server_pod_that_disappears_ends_the_job(ps_doc, mixed_plan)
 @pytest.mark.parametrize(("chief_code", "blamed"), [(3, PS_1), (4, CHIEF), (2, CHIEF)])
 def test_a_chief_that_fails_with_a_server_is_blamed_only_for_its_own_verdict(ps_doc, mixed_plan, chief_code, blamed):
     """In the same second: the chief lost its server (exit 3), or stopped on a NaN or bad input."""
+    from airflow.sdk.exceptions import AirflowFailException
+
     fake = chief_fake([running(), terminated(chief_code, seconds=30)], p5=[running(), terminated(137, seconds=30)])
-    with pytest.raises(RankPodFailed) as info:
+    with pytest.raises((RankPodFailed, AirflowFailException)) as info:
         make_operator(ps_doc, mixed_plan, fake).execute(make_context())
-    assert info.value.rank == blamed and isinstance(info.value, ParameterServerFailed) == (blamed == PS_1)
+    # the chief's own verdict (bad input, diverged) fails the task without retries
+    assert isinstance(info.value, AirflowFailException) is (blamed == CHIEF)
+    err = info.value.__cause__ if blamed == CHIEF else info.value
+    assert err.rank == blamed and isinstance(err, ParameterServerFailed) == (blamed == PS_1)
     if blamed == CHIEF:
-        assert str(info.value).startswith("the chief (pod ") and f"exit code {chief_code}" in str(info.value)
+        assert str(err).startswith("the chief (pod ") and f"exit code {chief_code}" in str(err)
     assert_all_gone(fake)
 
 

@@ -77,7 +77,8 @@ def test_the_trainer_and_the_stage_compute_one_key(run):
     assert completed(run.root / "train", train_input_key(spec, run, run_plan(run))) == stored
 
 
-def test_missing_inputs_stop_the_rank_with_a_message(run, caplog):
+def test_missing_inputs_stop_the_rank_with_a_message(run, capsys):
     (run.root / "preload" / "result.json").unlink()
     assert trainer.main(argv(run)) == 2  # bad input: the task is not retried
-    assert "'preload' stage has not completed" in caplog.text
+    errors = [line for line in capsys.readouterr().err.splitlines() if line.startswith("ERROR:")]
+    assert len(errors) == 1 and "'preload' stage has not completed" in errors[0]
