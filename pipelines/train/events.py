@@ -3,7 +3,7 @@ histogram of each trainable weight and of each layer's activations (on a fixed b
 the first step and at each checkpoint save.
 
 Rank 0 alone writes events; each scalar point shows the whole job, every rank's figures included.
-``pipelines.analyze.events`` reads both back without TensorFlow.
+``pipelines.analyze.events`` reads both back with TensorBoard's loader.
 """
 
 from __future__ import annotations

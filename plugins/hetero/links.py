@@ -7,14 +7,25 @@ only the deployment knows how its users reach files and clusters:
 
 - ``HETERO_ARTIFACT_URL``: a prefix that serves ``artifact_root`` over HTTP (e.g. an object store
   console or a static file server); without it links are ``file://`` URIs of the paths.
-- ``HETERO_TENSORBOARD_URL``: a template with ``{path}``, e.g. ``http://tensorboard:6006/?logdir={path}``.
+- ``HETERO_TENSORBOARD_URL``: a template for the train task's events, for a stock TensorBoard
+  server started with ``tensorboard --logdir <artifact_root>``, which names each run by its
+  folder relative to the artifact root. ``{run}`` is that name
+  (``<dag_id>/<run_id>/train/events``), ``{run_regex}`` a regular expression matching that name
+  only (also with a ``--logdir_spec <name>:<artifact_root>`` prefix), and ``{path}`` the folder's own path (all URL-quoted), e.g.
+  ``http://tensorboard:6006/?runFilter={run_regex}#timeseries``: TensorBoard 2.15's frontend reads
+  ``runFilter`` (a case-insensitive regular expression over run names; also ``tagFilter``,
+  ``smoothing``) from the query and the dashboard from the fragment. A template that uses
+  ``{run}`` or ``{run_regex}`` for events outside the artifact root, or that does not format,
+  gives the plain file link instead.
 - ``HETERO_POD_DASHBOARD_URL``: a template with ``{namespace}`` and ``{selector}`` (a label
   selector), e.g. ``https://dashboard.example/#/pod?namespace={namespace}&labelSelector={selector}``.
 """
 
 from __future__ import annotations
 
+import logging
 import os
+import re
 import urllib.parse
 from typing import Any
 
@@ -23,6 +34,8 @@ from airflow.sdk import BaseOperatorLink
 ENV_ARTIFACT_URL = "HETERO_ARTIFACT_URL"
 ENV_TENSORBOARD_URL = "HETERO_TENSORBOARD_URL"
 ENV_POD_DASHBOARD_URL = "HETERO_POD_DASHBOARD_URL"
+
+log = logging.getLogger(__name__)
 
 
 def file_url(path: str | None, artifact_root: str | None = None) -> str:
@@ -40,6 +53,40 @@ def file_url(path: str | None, artifact_root: str | None = None) -> str:
     return "file://" + urllib.parse.quote(os.path.abspath(path))
 
 
+def _relative(path: str, root: str | None) -> str | None:
+    """``path`` relative to ``root`` (both local paths, ``file://`` URIs or URIs of one store);
+    None when it is not under it."""
+    if not root:
+        return None
+    path, root = path.removeprefix("file://"), root.removeprefix("file://")
+    if "://" not in path and "://" not in root:
+        path, root = os.path.abspath(path), os.path.abspath(root)
+    root = root.rstrip("/")
+    if not path.startswith(root + "/"):
+        return None
+    return path[len(root) + 1 :].strip("/") or None
+
+
+def tensorboard_url(path: str, artifact_root: str | None) -> str:
+    """The "TensorBoard events" link of an events folder: ``HETERO_TENSORBOARD_URL`` filled in
+    (see the module's docstring), else :func:`file_url`."""
+    template = os.environ.get(ENV_TENSORBOARD_URL)
+    if not template:
+        return file_url(path, artifact_root)
+    run = _relative(path, artifact_root)
+    fields = {"path": urllib.parse.quote(path)}
+    if run is not None:
+        # Anchored at the end and at a "/" or the start: matches the run under --logdir <artifact_root>
+        # and under --logdir_spec <name>:<artifact_root> (named "<name>/<run>"), and no longer name.
+        fields |= {"run": urllib.parse.quote(run), "run_regex": urllib.parse.quote(f"(^|/){re.escape(run)}$", safe="")}
+    try:
+        return template.format(**fields)
+    except (KeyError, IndexError, ValueError) as e:
+        log.warning("%s %r cannot be filled for %s (%s: %s); linking the folder instead",
+                    ENV_TENSORBOARD_URL, template, path, type(e).__name__, e)
+        return file_url(path, artifact_root)
+
+
 def stage_links(stage: str, result: dict[str, Any], spec: Any, selector: str | None) -> dict[str, str]:
     """The links of a stage's task, from its result: ``{link name: URL}`` (only those it has)."""
     links: dict[str, str] = {}
@@ -47,9 +94,7 @@ def stage_links(stage: str, result: dict[str, Any], spec: Any, selector: str | N
     if result.get("report"):
         links["Report"] = file_url(result["report"], root)
     if stage == "train" and result.get("events_dir"):
-        template = os.environ.get(ENV_TENSORBOARD_URL)
-        path = result["events_dir"]
-        links["TensorBoard events"] = template.format(path=urllib.parse.quote(path)) if template else file_url(path, root)
+        links["TensorBoard events"] = tensorboard_url(result["events_dir"], root)
     if stage in ("publish", "promote") and result.get("version"):
         uri = result.get("uri") or ""
         links["Model version"] = file_url(uri, root) if uri else ""

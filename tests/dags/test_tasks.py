@@ -3,6 +3,8 @@ event (docs/ARCHITECTURE.md, "Model versions and promotion")."""
 
 from __future__ import annotations
 
+import re
+import urllib.parse
 from types import SimpleNamespace
 
 import pytest
@@ -79,6 +81,40 @@ def test_stage_links_come_from_the_result(monkeypatch, tmp_path):
     k8s = spec.model_copy(update={"launcher": "kubernetes"})
     assert stage_links("train", {}, k8s, "dag_id=d,run_id=r")["Pods"] == "https://dash/#/pod?namespace=default&labelSelector=dag_id%3Dd%2Crun_id%3Dr"
     assert "Pods" not in stage_links("train", {}, spec, "dag_id=d")  # local runs have no pods
+
+
+def test_the_tensorboard_link_names_the_run_as_a_stock_server_over_the_artifact_root(monkeypatch, tmp_path, caplog):
+    from pipelines.spec import load_spec
+
+    spec = load_spec({"dataset": {"uri": "/data"}, "artifact_root": str(tmp_path)})
+    events = str(tmp_path / "train_pipeline" / "manual__2026-01-01T00:00:00+00:00" / "train" / "events")
+    train = {"events_dir": events}
+    monkeypatch.delenv("HETERO_ARTIFACT_URL", raising=False)
+    monkeypatch.setenv("HETERO_TENSORBOARD_URL", "http://tb:6006/?runFilter={run_regex}#timeseries")
+    url = stage_links("train", train, spec, None)["TensorBoard events"]
+    assert url == ("http://tb:6006/?runFilter=%28%5E%7C%2F%29train_pipeline%2Fmanual__2026%5C-01%5C-01T00%3A00%3A00%5C%2B00%3A00"
+                   "%2Ftrain%2Fevents%24#timeseries")
+    # What TensorBoard's frontend does with it: URLSearchParams, then new RegExp(filter, "i") on the run names.
+    query = urllib.parse.parse_qs(urllib.parse.urlsplit(url).query)["runFilter"][0]
+    run = "train_pipeline/manual__2026-01-01T00:00:00+00:00/train/events"
+    assert re.search(query, run, re.I) and re.search(query, "demo/" + run, re.I)  # --logdir or --logdir_spec demo:root
+    assert not re.search(query, run + "_old", re.I) and not re.search(query, "x" + run, re.I)
+    assert not re.search(query, "train_pipeline/manual__2026-01-01T00:00:00+00:00/lr_search/events", re.I)
+    monkeypatch.setenv("HETERO_TENSORBOARD_URL", "http://tb:6006/#scalars&run={run}")
+    assert stage_links("train", train, spec, None)["TensorBoard events"] == (
+        "http://tb:6006/#scalars&run=train_pipeline/manual__2026-01-01T00%3A00%3A00%2B00%3A00/train/events")
+    file_spec = spec.model_copy(update={"artifact_root": f"file://{tmp_path}/"})
+    assert stage_links("train", train, file_spec, None) == stage_links("train", train, spec, None)
+    # Outside the artifact root the run has no name on that server, and a template that does not
+    # format is a deployment's mistake: both fall back to the folder's own link, with a warning.
+    assert stage_links("train", {"events_dir": "/elsewhere/events"}, spec, None) == {
+        "TensorBoard events": "file:///elsewhere/events"}
+    monkeypatch.setenv("HETERO_TENSORBOARD_URL", "http://tb:6006/?runFilter={runname}")
+    assert stage_links("train", train, spec, None) == {"TensorBoard events": "file://" + urllib.parse.quote(events)}
+    assert "cannot be filled" in caplog.text and "runname" in caplog.text
+    monkeypatch.setenv("HETERO_TENSORBOARD_URL", "http://tb:6006/?logdir={path}")  # the older template still works
+    assert stage_links("train", train, spec, None)["TensorBoard events"] == (
+        "http://tb:6006/?logdir=" + urllib.parse.quote(events))
 
 
 def test_a_finished_task_keeps_its_links_and_the_publish_task_announces_the_version(monkeypatch):
