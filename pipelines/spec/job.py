@@ -18,7 +18,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, WithJsonSchema, field_validator, model_validator
 
 from pipelines.spec import checks, kube
 from pipelines.spec.base import FieldError, Problem, SpecError, Strict, field_error, schema_rule
@@ -213,6 +213,9 @@ class TrainingSpec(Strict):
         return v
 
 
+DURATION = r"^\s*(\d+(?:\.\d+)?)\s*([smhd]?)\s*$"  # seconds, or with a unit: "90", "30m", "12h", "2d"
+
+
 class PromotionSpec(Strict):
     """When a published version replaces the promoted one (docs/ARCHITECTURE.md, "Model versions and promotion")."""
 
@@ -225,6 +228,22 @@ class PromotionSpec(Strict):
         0.01, ge=0, le=1,
         description="How much lower the new version's held-out accuracy may be than the promoted one's (absolute).",
     )
+    approval_timeout: Annotated[float | None, WithJsonSchema({"anyOf": [{"type": "number", "exclusiveMinimum": 0,
+        "maximum": 366 * 86400}, {"type": "string", "pattern": DURATION}, {"type": "null"}]})] = Field(None, description=
+        'With mode manual: how long the approve task waits for an answer: seconds, or "30m", "12h", "2d" (at most 366d); '
+        "then approval_default is the answer and the run goes on. null: wait until someone answers (the next scheduled "
+        "run waits too).")
+    approval_default: Literal["reject", "approve"] = Field(
+        "reject", description="The answer when approval_timeout runs out: reject skips promote, approve promotes.")
+
+    @field_validator("approval_timeout", mode="before")
+    @classmethod
+    def _seconds(cls, v: Any) -> float | None:
+        match = re.match(DURATION, v) if isinstance(v, str) else None
+        seconds = float(match[1]) * {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}[match[2]] if match else v
+        if v is not None and (isinstance(v, bool) or not isinstance(seconds, int | float) or not 0 < seconds <= 31622400):
+            raise field_error('expected seconds (a number) or "30m", "12h", "2d": above 0 and at most 366 days')
+        return seconds
 
 
 class EstimateSpec(Strict):
