@@ -1,12 +1,15 @@
 """Airflow Params generated from the job spec's JSON schema, so the UI form, the CLI and the
-API validate a run's configuration exactly like ``pipelines.spec`` does."""
+API validate a run's configuration exactly like ``pipelines.spec`` does.  Their defaults are the
+deployment's job defaults (``HETERO_JOB_DEFAULTS``, :mod:`pipelines.spec.defaults`) over this
+checkout's sample data and pool: the one file read while the DAG files are parsed."""
 
 from __future__ import annotations
 
 import os
 from pathlib import Path
 
-from pipelines.spec import JobSpec, job_schema
+from pipelines.spec import job_schema
+from pipelines.spec.defaults import defaults_source, load_job_defaults, merged_job
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 
@@ -16,14 +19,22 @@ _SCHEMA_KEYS = {"type", "anyOf", "enum", "const", "minimum", "maximum", "exclusi
                 "required", "additionalProperties", "format"}
 
 
-def default_job() -> dict:
-    """Defaults for a run: the sample dataset and pools of this checkout, overridable by env."""
-    doc = {
+def base_job() -> dict:
+    """What a run gets without a deployment's defaults: the sample dataset and pool of this
+    checkout and its artifacts folder, each overridable by the environment."""
+    return {
         "dataset": {"uri": os.environ.get("HETERO_DATASET_URI", str(PROJECT_ROOT / "data" / "sample"))},
         "pool": os.environ.get("HETERO_POOL", str(PROJECT_ROOT / "examples" / "pool-local.yaml")),
         "artifact_root": os.environ.get("HETERO_ARTIFACT_ROOT", str(PROJECT_ROOT / "artifacts")),
     }
-    return JobSpec.model_validate(doc).model_dump(mode="json")
+
+
+def default_job() -> dict:
+    """A run's defaults, as a full job spec document: the deployment's job defaults
+    (``HETERO_JOB_DEFAULTS``) deep-merged over :func:`base_job`.  Scheduled, Asset-triggered and
+    backfilled runs get exactly this; a triggered run's conf is merged over it.  A bad defaults
+    file raises :class:`~pipelines.spec.SpecError` naming the file (a DAG import error)."""
+    return merged_job(base_job(), load_job_defaults(), defaults_source())
 
 
 def for_the_form(schema: dict, name: str) -> dict:

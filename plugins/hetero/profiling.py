@@ -49,6 +49,7 @@ from pipelines.core.profiling_commands import (
     sweep_source,
 )
 from pipelines.spec import JobSpec, SpecError, load_pool, load_spec
+from pipelines.spec.defaults import deep_merge
 
 __all__ = [
     "PARAMS",
@@ -121,9 +122,11 @@ def profile_run(params: dict) -> ProfileRun:
             close = difflib.get_close_matches(key, list(PARAMS), n=1)
             lines.append(f"  {key}: unknown field" + (f" (did you mean {close[0]!r}?)" if close else ""))
         raise SpecError("\n".join(lines))
-    pool = _pool_path(params.get("pool") or default_job()["pool"])
-    doc = {**default_job(), "pool": pool}  # the dataset is the form's default: a sweep reads none
-    doc.update({k: params[k] for k in ("launcher", "artifact_root", "kubernetes") if params.get(k) is not None})
+    job = default_job()  # the deployment's defaults (HETERO_JOB_DEFAULTS) included
+    pool = _pool_path(params.get("pool") or job["pool"])
+    doc = {**job, "pool": pool}  # the dataset is the form's default: a sweep reads none
+    # a conf's kubernetes section changes only the keys it names, as in the training DAG
+    doc = deep_merge(doc, {k: params[k] for k in ("launcher", "artifact_root", "kubernetes") if params.get(k) is not None})
     doc["estimate"] = {"profile_bank": params.get("profile_bank") or ""}
     spec = load_spec(doc)
     load_pool(pool)  # a bad pool fails here, naming the file and its fields

@@ -11,6 +11,7 @@ from pathlib import Path
 from pipelines.core.stages import StageContext, run_inputs
 from pipelines.launch.k8s import Identity
 from pipelines.spec import JobSpec, SpecError, load_spec
+from pipelines.spec.defaults import deep_merge, load_job_defaults
 from pipelines.stores.rundir import RunDir
 
 __all__ = [
@@ -69,7 +70,12 @@ def validate_params(params: dict) -> JobSpec:
 
     Airflow merges a run's conf into its params, so a misspelt top-level key (``trainig``) arrives
     here: it is refused, naming the key and the closest field, rather than dropped (which would
-    run the defaults)."""
+    run the defaults).
+
+    Airflow replaces a top-level param whole with the conf's value, so a conf that names only
+    ``training.epochs`` would lose the deployment's other ``training`` defaults: the params are
+    deep-merged over the deployment's job defaults (``HETERO_JOB_DEFAULTS``, read here, when the
+    task runs) first.  A param the conf left alone already holds the merged default."""
     doc = dict(params)
     unknown = sorted(set(doc) - set(JobSpec.model_fields))
     if unknown:
@@ -78,4 +84,5 @@ def validate_params(params: dict) -> JobSpec:
             close = difflib.get_close_matches(key, list(JobSpec.model_fields), n=1)
             lines.append(f"  {key}: unknown field" + (f" (did you mean {close[0]!r}?)" if close else ""))
         raise SpecError("\n".join(lines))
-    return load_spec({k: v for k, v in doc.items() if v is not None})
+    given = {k: v for k, v in doc.items() if v is not None}
+    return load_spec(deep_merge(load_job_defaults(), given))
