@@ -6,24 +6,58 @@ test noted (``NOTES``)."""
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import time
+from pathlib import Path
 
 import pytest
-from real_airflow import NOTES, Airflow, NoPostgres, postgres_database
+import yaml
+from real_airflow import NOTES, Airflow, NoPostgres, generate, postgres_database
 
 DAGS = ("train_pipeline", "profile_pool")
+DAYS = ["2026-01-01", "2026-01-02", "2026-01-03"]  # what generate-data writes by default (3 days)
+
+
+@dataclasses.dataclass(frozen=True)
+class DeploymentDefaults:
+    """The deployment's job defaults file (``HETERO_JOB_DEFAULTS``) and what it points at: a run
+    without a conf (the timed run, an Asset-triggered run) trains the tiny dataset into
+    ``artifacts``, predicting from ``bank``."""
+
+    defaults: Path
+    dataset: Path
+    artifacts: Path
+    bank: Path
+
+    def job(self) -> dict:
+        return yaml.safe_load(self.defaults.read_text())
 
 
 @pytest.fixture(scope="session")
-def airflow(tmp_path_factory, request):
-    """The running deployment, with every DAG serialized by the dag-processor and unpaused."""
+def deployment_defaults(tmp_path_factory) -> DeploymentDefaults:
+    folder = tmp_path_factory.mktemp("deployment")
+    defaults = folder / "job-defaults.yaml"
+    # Paths relative to the file's folder; a training short enough for a test; a seed and a
+    # deadline no run's conf sets, so a run's spec shows whether the defaults reached it.
+    defaults.write_text(
+        "dataset:\n  uri: data\nartifact_root: artifacts\nestimate:\n  profile_bank: profiles\n"
+        "training:\n  epochs: 1\n  global_batch: 64\n  learning_rate: 0.05\n  seed: 7\n"
+        "deadline_minutes: 600\n"
+    )
+    return DeploymentDefaults(defaults, generate(folder / "data", DAYS), folder / "artifacts", folder / "profiles")
+
+
+@pytest.fixture(scope="session")
+def airflow(tmp_path_factory, request, deployment_defaults):
+    """The running deployment, with every DAG serialized by the dag-processor and unpaused; the
+    scheduler then creates the training DAG's one timed run (``real_airflow.SCHEDULE``)."""
     started = time.monotonic()
     with contextlib.ExitStack() as stack:
         try:
             database, where = stack.enter_context(postgres_database())
         except NoPostgres as e:
             pytest.skip(f"no PostgreSQL for a real Airflow: {e}")
-        deployment = Airflow(tmp_path_factory.mktemp("airflow-home"), database)
+        deployment = Airflow(tmp_path_factory.mktemp("airflow-home"), database, deployment_defaults.defaults)
         try:
             deployment.start()
             for dag in DAGS:

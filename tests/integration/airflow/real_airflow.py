@@ -199,9 +199,29 @@ def postgres_database(prefix: str = "hetero_airflow"):
                 cur.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
 
 
-def deployment_env(home: Path, port: int, database: str) -> dict[str, str]:
+# The schedule: every day of February, and the deployment's dataset Asset.  With catchup off, the
+# scheduler creates exactly one timed run when the DAG is unpaused (the last whole interval,
+# 2026-02-27) and no other until 2027, while backfills get the days of February they ask for.
+SCHEDULE = "0 0 * 2 *"
+DATASET_ASSET = "x-hetero://tests/shapes"
+
+
+def generate(out: Path, days: list[str], rows_per_day: int = 400) -> Path:
+    """The sample dataset: one partition a day from ``days[0]``."""
+    gen = subprocess.run(
+        [str(TRAINER_PY), "-m", "pipelines", "generate-data", "--out", str(out), "--rows-per-day", str(rows_per_day),
+         "--days", str(len(days)), "--start", days[0]],
+        capture_output=True, text=True, timeout=120, cwd=str(ROOT),
+    )
+    assert gen.returncode == 0, gen.stderr[-2000:]
+    assert sorted(p.name for p in out.iterdir()) == [f"dt={d}" for d in days]
+    return out
+
+
+def deployment_env(home: Path, port: int, database: str, job_defaults: Path | None = None) -> dict[str, str]:
     """The environment of every component: ``test_dag_e2e``'s plus what a running deployment needs,
-    the metadata database ``database`` (a SQLAlchemy URL) first."""
+    the metadata database ``database`` (a SQLAlchemy URL) first, and the deployment's job defaults
+    file ``job_defaults`` (``HETERO_JOB_DEFAULTS``)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("AIRFLOW__", "HETERO_"))}
     base = f"http://127.0.0.1:{port}"
     env.update({
@@ -228,21 +248,21 @@ def deployment_env(home: Path, port: int, database: str) -> dict[str, str]:
         "AIRFLOW__LOGGING__TRIGGER_LOG_SERVER_PORT": str(free_port()),
         # A retry waits 5 s at most, not the DAG's 30 s and more (retry_delay, exponential back-off).
         "AIRFLOW__CORE__MAX_TASK_RETRY_DELAY": "5",
-        # The DAG has a schedule (for backfills) but the scheduler creates no timed runs: today's
-        # interval would run the default job.  Manual runs and backfills run as usual.
-        "HETERO_TRAIN_SCHEDULE": "@daily",
-        "AIRFLOW__SCHEDULER__USE_JOB_SCHEDULE": "False",
+        "HETERO_TRAIN_SCHEDULE": SCHEDULE,
+        "HETERO_DATASET_ASSET": DATASET_ASSET,
     })
+    if job_defaults is not None:
+        env["HETERO_JOB_DEFAULTS"] = str(job_defaults)
     return env
 
 
 class Airflow:
     """The four components of one deployment; :meth:`start`, then :attr:`api`, then :meth:`stop`."""
 
-    def __init__(self, home: Path, database: str):
+    def __init__(self, home: Path, database: str, job_defaults: Path | None = None):
         self.home = home
         self.port = free_port()
-        self.env = deployment_env(home, self.port, database)
+        self.env = deployment_env(home, self.port, database, job_defaults)
         self.api = Api(f"http://127.0.0.1:{self.port}")
         self.procs: dict[str, subprocess.Popen] = {}
         self.seen: dict[int, psutil.Process] = {}

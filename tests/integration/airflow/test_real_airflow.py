@@ -1,8 +1,9 @@
 """The main DAG as users run it: a real Airflow deployment (api-server, scheduler, dag-processor
 and triggerer as processes, PostgreSQL, LocalExecutor; see ``real_airflow``) driven only through
-its REST API, not through ``airflow dags test``: a triggered run, bad params, a backfill of six
-days on the DAG's daily schedule with two runs at a time, a task process killed while its ranks
-train, and the profiling DAG's mapped sweeps.
+its REST API, not through ``airflow dags test``: the scheduler's timed run and an Asset-triggered
+run on the deployment's job defaults, a triggered run, bad params, a backfill of six days on the
+DAG's schedule with two runs at a time, a task process killed while its ranks train, and the
+profiling DAG's mapped sweeps.
 
 The tests share one deployment (the session fixture ``airflow`` in conftest.py); every process it
 starts is stopped at the end, even when a test fails.  The session prints how long it took.
@@ -14,7 +15,6 @@ import datetime as dt
 import json
 import os
 import signal
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -25,13 +25,13 @@ from pipelines.stores.rundir import RunDir
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from real_airflow import (  # noqa: E402 (the helper beside this file)
+    DATASET_ASSET,
     NOTES,
-    ROOT,
-    TRAINER_PY,
     Airflow,
     ApiError,
     alive,
     cmdline,
+    generate,
     parent,
     processes_with_env,
     quote,
@@ -41,7 +41,6 @@ pytestmark = [pytest.mark.airflow, pytest.mark.integration, pytest.mark.real_air
 
 DAG = "train_pipeline"
 TASKS = ["preload", "estimate", "lr_search", "train", "publish", "analyze", "approve", "promote"]
-DAYS = ["2026-01-01", "2026-01-02", "2026-01-03"]  # what generate-data writes by default (3 days)
 RUN_TIMEOUT = 900  # one run takes about a minute here; a busy machine can be much slower
 
 
@@ -52,28 +51,17 @@ def timed(request):
     NOTES.append(f"{request.node.name}: {time.monotonic() - started:.0f} s")
 
 
-def generate(out: Path, days: list[str], rows_per_day: int = 400) -> Path:
-    """The sample dataset: one partition a day from ``days[0]``."""
-    gen = subprocess.run(
-        [str(TRAINER_PY), "-m", "pipelines", "generate-data", "--out", str(out), "--rows-per-day", str(rows_per_day),
-         "--days", str(len(days)), "--start", days[0]],
-        capture_output=True, text=True, timeout=120, cwd=str(ROOT),
-    )
-    assert gen.returncode == 0, gen.stderr[-2000:]
-    assert sorted(p.name for p in out.iterdir()) == [f"dt={d}" for d in days]
-    return out
+@pytest.fixture(scope="module")
+def dataset(deployment_defaults):
+    """The deployment's dataset (three days of 400 rows), which its job defaults name too."""
+    return deployment_defaults.dataset
 
 
 @pytest.fixture(scope="module")
-def dataset(tmp_path_factory):
-    return generate(tmp_path_factory.mktemp("data") / "shapes", DAYS)
-
-
-@pytest.fixture(scope="module")
-def bank(tmp_path_factory) -> Path:
-    """One profile bank for every run, as in a deployment: the first run times the model on each
-    device type (half a minute), the others predict from its measurements."""
-    return tmp_path_factory.mktemp("profiles")
+def bank(deployment_defaults) -> Path:
+    """One profile bank for every run, as in a deployment (its job defaults name it): the first run
+    times the model on each device type (half a minute), the others predict from its measurements."""
+    return deployment_defaults.bank
 
 
 def job(dataset: Path, artifacts: Path, bank: Path, epochs: int = 1, **dataset_fields) -> dict:
@@ -125,6 +113,48 @@ def task_log(airflow: Airflow, run_id: str, task_id: str, try_number: int) -> st
     return "\n".join(json.dumps(line) if not isinstance(line, str) else line for line in answer["content"])
 
 
+def run_spec(artifacts: Path, run_id: str) -> dict:
+    """The job spec the run's stages ran with (``spec.json`` in its run directory)."""
+    return json.loads((RunDir.for_run(str(artifacts), DAG, run_id).root / "spec.json").read_text())
+
+
+def takes_the_defaults(spec: dict) -> bool:
+    """Whether a run's spec carries the deployment's seed and deadline, which no test's conf sets."""
+    return spec["training"]["seed"] == 7 and spec["deadline_minutes"] == 600
+
+
+def runs_of_type(airflow: Airflow, run_type: str) -> list[dict]:
+    return [r for r in airflow.api.get(f"/dags/{DAG}/dagRuns?limit=100")["dag_runs"] if r["run_type"] == run_type]
+
+
+def test_the_timed_run_trains_with_the_deployments_job_defaults(airflow, deployment_defaults):
+    """A scheduled run has no conf: it runs on the deployment's job defaults (HETERO_JOB_DEFAULTS),
+    with the paths the file gives relative to its folder.  The scheduler created it when the DAG
+    was unpaused: the last whole interval of the February schedule."""
+    (run,) = airflow.wait(lambda: runs_of_type(airflow, "scheduled"), 120, "the scheduler's timed run")
+    assert run["data_interval_start"][:10] == "2026-02-27" and run["conf"] in ({}, None), run
+    ended = wait_for_run(airflow, run["dag_run_id"])
+    states = task_states(airflow, run["dag_run_id"])
+    assert ended["state"] == "success", states
+    spec = run_spec(deployment_defaults.artifacts, run["dag_run_id"])
+    assert takes_the_defaults(spec), spec
+    assert spec["dataset"]["uri"] == str(deployment_defaults.dataset)
+    assert spec["estimate"]["profile_bank"] == str(deployment_defaults.bank)
+    assert result(airflow, run["dag_run_id"], "publish")["uri"].startswith(str(deployment_defaults.artifacts))
+
+
+def test_an_event_of_the_dataset_asset_starts_a_run_with_the_job_defaults(airflow, deployment_defaults):
+    """HETERO_DATASET_ASSET: a producer's event on the dataset's Asset starts a run, which has no
+    conf either and trains on the deployment's job defaults."""
+    (asset,) = [a for a in airflow.api.get("/assets?limit=100")["assets"] if a["uri"] == DATASET_ASSET]
+    airflow.api.post("/assets/events", {"asset_id": asset["id"], "extra": {"partitions": ["dt=2026-01-03"]}})
+    (run,) = airflow.wait(lambda: runs_of_type(airflow, "asset_triggered"), 120, "the Asset-triggered run")
+    ended = wait_for_run(airflow, run["dag_run_id"])
+    assert ended["state"] == "success", task_states(airflow, run["dag_run_id"])
+    spec = run_spec(deployment_defaults.artifacts, run["dag_run_id"])
+    assert takes_the_defaults(spec) and spec["dataset"]["uri"] == str(deployment_defaults.dataset)
+
+
 def test_a_run_triggered_over_the_rest_api_publishes_and_promotes_a_version(airflow, dataset, bank, tmp_path):
     artifacts = tmp_path / "artifacts"
     run_id = trigger(airflow, job(dataset, artifacts, bank))
@@ -139,11 +169,41 @@ def test_a_run_triggered_over_the_rest_api_publishes_and_promotes_a_version(airf
     assert metadata["run_id"] == run_id and metadata["dag_id"] == DAG
     promoted = json.loads((artifacts / "models" / "small_cnn" / "PROMOTED.json").read_text())
     assert promoted["version"] == "v0001" and promoted["run_id"] == run_id
+    # the conf's training section was merged over the deployment's, not in place of it
+    spec = run_spec(artifacts, run_id)
+    assert spec["artifact_root"] == str(artifacts) and spec["training"]["seed"] == 7, spec
     # the publish task's outlet: one event of the model Asset, carrying the new version
     events = airflow.api.get(f"/assets/events?source_dag_id={DAG}&source_run_id={quote(run_id)}")["asset_events"]
     assert [(e["uri"], e["source_task_id"], e["extra"]) for e in events] == [
         ("x-hetero://models/train_pipeline", "publish", {"model": "small_cnn", "version": "v0001", "uri": str(version)})
     ]
+
+
+def test_a_manual_approval_nobody_answers_takes_its_default_at_the_deadline(airflow, dataset, bank, tmp_path):
+    """promotion.approval_timeout: nobody answers the approve task, so at the deadline Airflow's
+    scheduler applies promotion.approval_default (reject): the run ends on its own in success with
+    promote skipped, and the task's XCom, log and human-in-the-loop detail say why."""
+    artifacts = tmp_path / "artifacts"
+    conf = job(dataset, artifacts, bank)
+    conf["promotion"] = {"mode": "manual", "approval_timeout": "5s"}
+    run_id = trigger(airflow, conf)
+    run = wait_for_run(airflow, run_id)
+    states = task_states(airflow, run_id)
+    assert run["state"] == "success", states
+    assert states["approve"] == ("success", 1) and states["promote"][0] == "skipped", states
+    assert all(states[t] == ("success", 1) for t in TASKS[:-2]), states
+    approve = result(airflow, run_id, "approve")
+    assert approve["chosen_options"] == ["Reject"] and approve["timed_out"] is True, approve
+    assert "deadline passed without an answer: the default 'Reject' was applied" in approve["reason"], approve
+    detail = airflow.api.get(f"{run_path(run_id)}/taskInstances/approve/-1/hitlDetails")
+    assert (detail["defaults"], detail["chosen_options"], detail["responded_by_user"]) == (["Reject"], ["Reject"], None)
+    assert "the answer is **Reject**" in detail["body"], detail["body"]
+    assert "Nobody answered before the deadline" in task_log(airflow, run_id, "approve", 1)
+    assert result(airflow, run_id, "publish")["version"] == "v0001"  # published, never promoted
+    assert not (artifacts / "models" / "small_cnn" / "PROMOTED.json").exists()
+    ti = task_instances(airflow, run_id)["approve"]
+    waited = dt.datetime.fromisoformat(ti["end_date"]) - dt.datetime.fromisoformat(ti["start_date"])
+    NOTES.append(f"a 5 s approval deadline resolved by the scheduler: approve took {waited.total_seconds():.0f} s")
 
 
 def test_bad_params_are_refused_by_the_api_or_by_the_first_task(airflow, dataset, bank, tmp_path):
@@ -173,7 +233,7 @@ def test_bad_params_are_refused_by_the_api_or_by_the_first_task(airflow, dataset
     assert not (artifacts / DAG).exists()  # nothing was started or written
 
 
-BACKFILL_DAYS = [f"2026-02-{d:02d}" for d in range(1, 7)]  # six intervals of the @daily schedule
+BACKFILL_DAYS = [f"2026-02-{d:02d}" for d in range(1, 7)]  # six intervals of the February schedule
 
 
 def most_at_once(runs: list[dict]) -> int:
@@ -188,8 +248,8 @@ def most_at_once(runs: list[dict]) -> int:
 
 
 def test_a_backfill_of_six_days_runs_two_at_a_time_each_on_its_own_partition_and_folder(airflow, bank, tmp_path):
-    """The load of a real deployment catching up: six days of the DAG's daily schedule
-    (HETERO_TRAIN_SCHEDULE=@daily) backfilled with two runs active at once, publishing a version
+    """The load of a real deployment catching up: six days of the DAG's schedule
+    (HETERO_TRAIN_SCHEDULE: every day of February) backfilled with two runs active at once, publishing a version
     a day.  Every task succeeds on its first try, each run trains on its own day's partition in a
     folder of its own, and the concurrent publishes make six distinct versions."""
     data = generate(tmp_path / "data", BACKFILL_DAYS)
@@ -228,6 +288,8 @@ def test_a_backfill_of_six_days_runs_two_at_a_time_each_on_its_own_partition_and
         assert publish["run_dir"] == str(run_dir)
         metadata = json.loads((Path(publish["uri"]) / "metadata.json").read_text())
         assert metadata["run_id"] == run["dag_run_id"] and metadata["data_interval"]["start"][:10] == day
+        spec = run_spec(artifacts, run["dag_run_id"])  # the conf over the deployment's job defaults
+        assert takes_the_defaults(spec) and spec["promotion"]["mode"] == "never", spec
         versions.append((publish["published_at"], publish["version"]))
     assert len(run_dirs) == 6 and set((artifacts / DAG).iterdir()) == run_dirs  # each run in its own folder
     # six distinct versions, numbered in the order the concurrent runs published them
