@@ -115,7 +115,7 @@ def stage(name: str, run: Path) -> tuple[dict, float]:
     """Run one stage command; its result and wall time."""
     started = time.perf_counter()
     proc = subprocess.run(
-        [sys.executable, "-m", "pipelines", name, "--spec", str(run / "spec.json"), "--run-dir", str(run)],
+        [sys.executable, "-m", "pipelines", name, "--spec", str(run / "spec.json"), "--run-dir", str(run), "--json"],
         capture_output=True, text=True, cwd=ROOT, timeout=3600,
     )
     seconds = time.perf_counter() - started

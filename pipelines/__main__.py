@@ -1,7 +1,9 @@
 """``python -m pipelines <command>``: run one stage, render manifests, or make sample data.
 
-A stage prints its JSON result as the last line of standard output and exits 0; on failure it
-prints ``ERROR: <cause>`` to standard error and exits non-zero.
+A command prints a short summary for people (``pipelines.core.summary``) and exits 0; with
+``--json`` it prints its result as one JSON line instead, the last line of standard output (what
+the Airflow tasks and pods ask for and read).  A stage's result is also ``<run dir>/<stage>/result.json``.
+On failure it prints ``ERROR: <cause>`` to standard error and exits non-zero.
 """
 
 from __future__ import annotations
@@ -15,12 +17,14 @@ import time
 from pathlib import Path
 
 from pipelines.core.stages import ALIASES, STAGES, StageContext, canonical, resolve
+from pipelines.core.summary import summary_lines
 from pipelines.data.sample import generate
 from pipelines.errors import exit_codes
 from pipelines.estimate.probe import probe_pool
 from pipelines.estimate.reference import reference_runs
 from pipelines.estimate.regress import bank_report
 from pipelines.estimate.sweep import profile_device
+from pipelines.launch.k8s.cluster_check import check_cluster_command
 from pipelines.launch.lifetime import die_with_parent
 from pipelines.launch.render import render_cli
 from pipelines.spec import JobSpec, load_pool, load_spec, pool_profiles_path, read_mapping
@@ -49,6 +53,12 @@ def _datetime(value: str) -> dt.datetime:
         raise argparse.ArgumentTypeError(f"not an ISO date-time: {value!r}") from None
 
 
+def _json_option(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    p.add_argument("--json", action="store_true", help="print the result as one JSON line (the last line of "
+                   "standard output) instead of a summary for people, as the Airflow tasks and pods run it")
+    return p
+
+
 def _stage_parser(sub: argparse._SubParsersAction, name: str) -> None:
     aliases = [old for old, new in ALIASES.items() if new == name]
     p = sub.add_parser(name, aliases=aliases, help=f"the {name} stage: {STAGE_HELP[name]}")
@@ -64,6 +74,7 @@ def _stage_parser(sub: argparse._SubParsersAction, name: str) -> None:
                    "copied into the run directory as pool.json, which the saved spec then names")
     p.add_argument("--profiles", help="pre-measured device profiles: JSON file or inline JSON (default: "
                    "<pool stem>.profiles.json beside a pool file, if there); copied beside the run's pool.json")
+    _json_option(p)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -112,6 +123,16 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--profile-pods", action="store_true",
                    help="write the profile_pool DAG's pods instead: profile-<device>.yaml and profile-fit.yaml")
     r.add_argument("--size", default="small", help="with --profile-pods: the sweep's size (default: %(default)s)")
+    cc = sub.add_parser("check-cluster", help="check the live cluster for a Kubernetes job: namespace, RBAC, the "
+                        "artifact claim, a node for each device type, GPUs, images (needs the kubernetes client: "
+                        "run it with .venv/bin/python)")
+    cc.add_argument("--spec", required=True, help="job spec: YAML/JSON file or inline JSON")
+    cc.add_argument("--pool", help="pool: YAML/JSON file or inline JSON (default: the spec's)")
+    cc.add_argument("--kubeconfig", help="kubeconfig file (default: $KUBECONFIG or ~/.kube/config; without one, "
+                    "the in-cluster service account)")
+    cc.add_argument("--context", help="kubeconfig context (default: its current context)")
+    for command in (g, pr, fb, pa, rr, r, cc):
+        _json_option(command)
     return parser
 
 
@@ -180,9 +201,10 @@ def bank_command(args: argparse.Namespace) -> dict:
 
 @exit_codes
 def main(argv: list[str] | None = None) -> int:
-    """Run one command; its result is the last line of standard output.  Errors end it with one
-    ``ERROR:`` line and their exit code: 2 bad input (a model that cannot be built among them), 3
-    a failure a retry may fix (pipelines.errors.exit_codes; docs/ARCHITECTURE.md, "Failure rules")."""
+    """Run one command; print its summary, or with ``--json`` its result as the last line of standard
+    output.  Errors end it with one ``ERROR:`` line and their exit code: 2 bad input (a model that
+    cannot be built among them), 3 a failure a retry may fix (pipelines.errors.exit_codes;
+    docs/ARCHITECTURE.md, "Failure rules")."""
     die_with_parent()  # run by an Airflow task: end (and stop the ranks) when the task process dies
     args = build_parser().parse_args(argv)
     logging.basicConfig(
@@ -190,6 +212,8 @@ def main(argv: list[str] | None = None) -> int:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         stream=sys.stderr,
     )
+    if args.command == "check-cluster":
+        return check_cluster_command(args)  # prints its own lines; exit 2 naming what to fix
     if args.command == "generate-data":
         result = generate(args.out, rows_per_day=args.rows_per_day, days=args.days, start=args.start, seed=args.seed)
     elif args.command in ("profile", "fit-bank", "probe-allreduce", "reference-runs"):
@@ -198,7 +222,13 @@ def main(argv: list[str] | None = None) -> int:
         result = render_cli(args)
     else:
         result = run_stage(args)
-    print(json.dumps(result, sort_keys=True, default=str), flush=True)
+    text = json.dumps(result, sort_keys=True, default=str)
+    if args.json:
+        print(text, flush=True)
+    else:
+        log.debug("result: %s", text)
+        command = canonical(args.command) if args.command in (*STAGES, *ALIASES) else args.command
+        print("\n".join(summary_lines(command, result)), flush=True)
     return 0
 
 

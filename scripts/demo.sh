@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Run the main DAG end to end with `airflow dags test` (SQLite metadata in .airflow/) on the
-# local launcher, then print where the report is and the held-out accuracy.
+# local launcher, showing short progress lines, then a summary of at most 15 lines (held-out accuracy,
+# training time, balance, the promoted version, where the report, the full log and the JSON are).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export AIRFLOW_HOME=${AIRFLOW_HOME:-$PWD/.airflow}
@@ -15,7 +16,7 @@ if [ ! -d "$bank/steps" ] || [ ! -d "$bank/runs" ]; then
   profile_conf=${PROFILE_CONF:-'{"size": "small"}'}
   .venv/bin/airflow dags test profile_pool --conf "$profile_conf" >"$AIRFLOW_HOME/profile.log" 2>&1 \
     || { tail -40 "$AIRFLOW_HOME/profile.log"; echo "profiling failed; see $AIRFLOW_HOME/profile.log"; exit 1; }
-  grep -E "Marking task" "$AIRFLOW_HOME/profile.log" | sed 's/.*Marking/Marking/' || true
+  grep -E "Marking task" "$AIRFLOW_HOME/profile.log" | .venv/bin/python scripts/demo_summary.py --progress || true
 fi
 
 marker=$(mktemp)
@@ -27,7 +28,11 @@ demo_conf='{"model": {"name": "small_cnn", "kwargs": {"filters": [64, 128], "den
 conf=${DEMO_CONF:-$demo_conf}
 echo "running train_pipeline with conf $conf (log: $AIRFLOW_HOME/demo.log)"
 set +e
-.venv/bin/airflow dags test train_pipeline --conf "$conf" 2>&1 | tee "$AIRFLOW_HOME/demo.log" | grep -E --line-buffered "Marking task|ERROR|calibrated|re-balance|epoch [0-9]+ done|training done|learning rate|\[rank 0\].*(loss|accuracy)" 
+# Progress as short lines (task states, calibration, epochs, re-balancing, errors); the stages' JSON
+# results stay in the log and in the run directory (scripts/demo_summary.py --progress).
+.venv/bin/airflow dags test train_pipeline --conf "$conf" 2>&1 | tee "$AIRFLOW_HOME/demo.log" \
+  | .venv/bin/python -u scripts/demo_summary.py --progress
 set -e
-.venv/bin/python scripts/demo_summary.py --newer-than "$marker"
+echo "----"
+.venv/bin/python scripts/demo_summary.py --newer-than "$marker" --log "$AIRFLOW_HOME/demo.log"
 rm -f "$marker"

@@ -3,10 +3,10 @@
 
 A sweep times a family of generated models on one device type and appends the timings to the
 profile bank (``pipelines.estimate.sweep``); ``fit-bank`` fits each device type's regressions over
-the bank; ``probe-allreduce`` measures a local pool's allreduce.  Each prints its result as one
-JSON line last and exits 2 on bad input, 3 on a failure a retry may fix
-(``pipelines.errors``).  The same command runs from a shell, in an Airflow task and in a pod, as
-the stages' commands do (:func:`pipelines.core.stages.stage_command`).
+the bank; ``probe-allreduce`` measures a local pool's allreduce.  Each, asked with ``--json`` as
+every command line here does, prints its result as one JSON line last, and exits 2 on bad input,
+3 on a failure a retry may fix (``pipelines.errors``).  The same command runs from a shell, in an
+Airflow task and in a pod, as the stages' commands do (:func:`pipelines.core.stages.stage_command`).
 
 Only the standard library and :mod:`pipelines.spec` are imported: the Airflow side imports this
 module while parsing the ``profile_pool`` DAG.
@@ -74,12 +74,12 @@ def profile_command(
     """The local parent: starts :func:`sweep_command` pinned to ``device``'s cores of ``pool`` and
     capped at its ``cpu_share``, as the local launcher places a rank."""
     return [python, "-m", "pipelines", "profile", "--pool", pool, "--device", device, "--size", check_size(size),
-            *_options(bank=bank, artifact_root=artifact_root, source=source)]  # fmt: skip
+            *_options(bank=bank, artifact_root=artifact_root, source=source), "--json"]  # fmt: skip
 
 
 def fit_bank_command(bank: str, *, out: str | None = None, python: str = "python") -> list[str]:
     """Fit every device type's step-time and memory regressions over ``bank``, with cross-validation."""
-    return [python, "-m", "pipelines", "fit-bank", "--bank", bank, *_options(out=out)]
+    return [python, "-m", "pipelines", "fit-bank", "--bank", bank, *_options(out=out), "--json"]
 
 
 def probe_allreduce_command(
@@ -88,7 +88,7 @@ def probe_allreduce_command(
     """A short Gloo allreduce between ranks placed as ``pool``'s device types (local pools only);
     stores the pool's latency and bandwidth in the bank."""
     return [python, "-m", "pipelines", "probe-allreduce", "--pool", pool,
-            *_options(bank=bank, artifact_root=artifact_root)]  # fmt: skip
+            *_options(bank=bank, artifact_root=artifact_root), "--json"]  # fmt: skip
 
 
 def reference_runs_command(
@@ -97,4 +97,4 @@ def reference_runs_command(
     """Short real trainings of reference models on a local pool, recorded in the bank
     (``pipelines.estimate.reference``): what synchronous training costs on the pool."""
     return [python, "-m", "pipelines", "reference-runs", "--pool", pool,
-            *_options(bank=bank, artifact_root=artifact_root)]  # fmt: skip
+            *_options(bank=bank, artifact_root=artifact_root), "--json"]  # fmt: skip

@@ -1,7 +1,7 @@
 """The stage registry, the context every stage receives, and a stage's command line and result.
 
-A stage runs as ``python -m pipelines <stage> ...`` (:func:`stage_command`), locally and in a pod,
-and prints its JSON result as the last line of its standard output (:func:`last_json_object`
+A stage runs as ``python -m pipelines <stage> ... --json`` (:func:`stage_command`), locally and in a
+pod, and prints its JSON result as the last line of its standard output (:func:`last_json_object`
 reads it back).  See docs/ARCHITECTURE.md, "Stages and their contracts".
 """
 
@@ -92,12 +92,15 @@ def stage_command(
     """The command line that runs ``stage``: the same for the local stage runner and the stage pods.
 
     ``spec_arg`` is the job spec as inline JSON or a path the process can read; ``inputs``
-    (:func:`run_inputs`) become ``--pool`` and ``--profiles`` with inline JSON.
+    (:func:`run_inputs`) become ``--pool`` and ``--profiles`` with inline JSON.  ``--json`` asks
+    for the result as the last line of standard output, which the caller reads back
+    (:func:`last_json_object`); without it the command prints a summary for people.
     """
     if stage not in STAGES:
         raise SpecError(f"unknown stage {stage!r}; choose from {list(STAGES)}")
     carried = [a for name, doc in (inputs or {}).items() for a in (f"--{name}", json.dumps(doc, sort_keys=True))]
-    return [python, "-m", "pipelines", stage, "--spec", spec_arg, "--run-dir", str(run_dir), *carried, *ctx.to_args()]
+    return [python, "-m", "pipelines", stage, "--spec", spec_arg, "--run-dir", str(run_dir), *carried, *ctx.to_args(),
+            "--json"]
 
 
 # The programs that run as the ranks of a plan: the same command under the local launcher and in

@@ -44,7 +44,7 @@ def run_pipeline(spec: dict[str, Any], run_dir: Path, *, run_id: str, dag_id: st
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", ENV_PARENT: str(os.getpid())}
     for stage in stages:
         cmd = [sys.executable, "-m", "pipelines", stage, "--spec", json.dumps(spec), "--run-dir", str(run_dir),
-               "--dag-id", dag_id, "--run-id", run_id]
+               "--dag-id", dag_id, "--run-id", run_id, "--json"]
         proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=timeout_s)
         result = last_json_object(proc.stdout.splitlines())
         if proc.returncode in NO_RETRY and (cause := child_error(proc.stderr.splitlines())):

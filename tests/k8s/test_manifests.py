@@ -294,7 +294,7 @@ def test_render_cli_writes_yaml_without_a_cluster(tmp_path, spec_doc, mixed_plan
         "--plan",
         str(tmp_path / "plan.json"),
     ]
-    assert main([*argv, "--out", str(out), "--run-id", RUN_ID]) == 0
+    assert main([*argv, "--out", str(out), "--run-id", RUN_ID, "--json"]) == 0
     result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     names = sorted(p.name for p in out.iterdir())
     assert result["count"] == len(names) == 16

@@ -105,7 +105,7 @@ def test_render_writes_the_profiling_pods_without_a_cluster(tmp_path, spec_doc, 
     out = tmp_path / "manifests"
     argv = ["render", "--spec", str(tmp_path / "job.yaml"), "--profile-pods", "--size", "medium",
             "--dag-id", "profile_pool", "--run-id", RUN_ID, "--out", str(out)]
-    assert main(argv) == 0
+    assert main([*argv, "--json"]) == 0
     result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     names = sorted(p.name for p in out.iterdir())
     assert result["count"] == 4 and names == ["profile-a100.yaml", "profile-fit.yaml", "profile-t4.yaml",

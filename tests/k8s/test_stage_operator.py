@@ -144,6 +144,7 @@ def test_the_dag_task_runs_the_same_command_on_either_launcher(monkeypatch, tmp_
     assert [s.pop("launcher") for s in specs] == ["local", "kubernetes"] and specs[0] == specs[1]
     assert local[:at] + local[at + 1 :] == pod[:at] + pod[at + 1 :]
     assert local[:3] == ["-m", "pipelines", "analyze"]
+    assert local[-1] == pod[-1] == "--json"  # both ask for the JSON result line, whatever the terminal
 
 
 def test_a_local_stage_that_fails_quotes_its_error_lines(tmp_path, spec_doc):

@@ -74,3 +74,70 @@ def test_a_bad_pool_fails_naming_it(tmp_path):
         save_inputs(spec_with(str(tmp_path / "nowhere.yaml")), RunDir(tmp_path / "run"))
     with pytest.raises(SpecError, match=r"pool \(inline JSON\): 1 invalid field\(s\)\n  device_types"):
         save_inputs(spec_with("x"), RunDir(tmp_path / "run"), pool='{"device_types": []}')
+
+
+# What the command prints: a summary for people by default, the JSON line with --json (what the
+# Airflow tasks and pods ask for: every command line they run carries --json).
+
+FAKE_RESULT = {"model": "small_cnn", "version": "v0002", "uri": "/art/models/small_cnn/v0002", "store": "/art/models",
+               "published_at": "2026-01-01T00:00:00+00:00", "input_key": "k", "stage": "publish", "run_dir": "/art/run",
+               "seconds": 1.5}
+
+
+@pytest.fixture
+def fake_stage(monkeypatch):
+    import pipelines.__main__ as cli
+
+    called = []
+    monkeypatch.setattr(cli, "run_stage", lambda args: called.append(args.command) or dict(FAKE_RESULT))
+    return cli, called
+
+
+def test_json_prints_exactly_the_result_as_the_last_line(fake_stage, capsys):
+    cli, called = fake_stage
+    assert cli.main(["publish", "--spec", "{}", "--json"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert called == ["publish"] and json.loads(out[-1]) == FAKE_RESULT
+    assert out[-1] == json.dumps(FAKE_RESULT, sort_keys=True) and len(out) == 1
+
+
+def test_by_default_a_person_reads_a_summary_and_no_json(fake_stage, capsys):
+    cli, _ = fake_stage
+    assert cli.main(["publish", "--spec", "{}"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out == ["publish: small_cnn v0002 at /art/models/small_cnn/v0002", "model store: /art/models",
+                   "full result: /art/run/publish/result.json (--json prints it)"]
+    assert all(not line.lstrip().startswith("{") for line in out)
+
+
+def test_an_old_stage_name_gets_its_stage_summary(fake_stage, capsys):
+    cli, _ = fake_stage
+    cli.run_stage = lambda args: {"learning_rate": 0.05, "method": "fixed", "global_batch": 64,
+                                  "stage": "lr_search", "run_dir": "/art/run"}
+    assert cli.main(["lr-search", "--spec", "{}"]) == 0
+    assert capsys.readouterr().out.splitlines()[0] == "lr_search: learning rate 0.05 at global batch 64 (fixed)"
+
+
+def test_every_command_takes_json():
+    from pipelines.__main__ import build_parser
+
+    parser = build_parser()
+    for argv in (["preload", "--spec", "{}"], ["profile", "--pool", "p", "--device", "d"], ["fit-bank"],
+                 ["probe-allreduce", "--pool", "p"], ["reference-runs", "--pool", "p"], ["generate-data", "--out", "o"],
+                 ["render", "--spec", "{}", "--out", "o"]):
+        assert parser.parse_args([*argv, "--json"]).json and not parser.parse_args(argv).json
+
+
+def test_the_commands_the_airflow_side_and_pods_run_ask_for_json():
+    from pipelines.core.profiling_commands import (
+        fit_bank_command,
+        probe_allreduce_command,
+        profile_command,
+        reference_runs_command,
+    )
+
+    commands = [stage_command(stage, "{}", "/mnt/run", StageContext(fresh=True)) for stage in ("preload", "train")]
+    commands += [profile_command("pool.yaml", "fast", "tiny", bank="/b"), fit_bank_command("/b", out="o.json"),
+                 probe_allreduce_command("pool.yaml", bank="/b"), reference_runs_command("pool.yaml", bank="/b")]
+    for command in commands:
+        assert command[1:3] == ["-m", "pipelines"] and command.count("--json") == 1, command

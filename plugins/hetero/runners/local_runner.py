@@ -5,7 +5,7 @@ The command is exactly what a pod runs (:func:`pipelines.core.stages.stage_comma
 trainer environment's Python, the pool and its profiles carried inline
 (:func:`hetero.task_context.carried_inputs`).  Its output is streamed line by line into the task
 log; a non-zero exit fails the task with the stage's own ``ERROR:`` lines; the last line (a JSON
-document) becomes the task's XCom.  If the task is killed, the command's whole process group is
+document: the command carries ``--json``, so it never depends on a terminal) becomes the task's XCom.  If the task is killed, the command's whole process group is
 stopped.  :class:`LocalCommand` does the same for any command of the trainer environment (the
 profiling sweep's, ``hetero.profiling``).
 """

@@ -20,7 +20,7 @@ POOL = {"device_types": [
 
 def cli(*args: str, timeout: float = 300) -> tuple[int, dict | None, str]:
     env = {**os.environ, "PYTHONPATH": str(ROOT), "TF_CPP_MIN_LOG_LEVEL": "2"}
-    proc = subprocess.run([sys.executable, "-m", "pipelines", *args], capture_output=True, text=True, env=env,
+    proc = subprocess.run([sys.executable, "-m", "pipelines", *args, "--json"], capture_output=True, text=True, env=env,
                           timeout=timeout, cwd=ROOT)
     lines = proc.stdout.strip().splitlines()
     return proc.returncode, (json.loads(lines[-1]) if proc.returncode == 0 and lines else None), proc.stderr
