@@ -11,6 +11,8 @@ side (``plugins/hetero``).  The modules:
 - :mod:`~pipelines.launch.k8s.horovod`: the Horovod job (rank pods, rendezvous Service);
 - :mod:`~pipelines.launch.k8s.parameter_server`: the parameter-server job, and the train task's job;
 - :mod:`~pipelines.launch.k8s.command_pods`: stage, calibration, profiling and fit pods.
+- :mod:`~pipelines.launch.k8s.permissions`: the RBAC permissions the code uses (``examples/rbac.yaml``);
+- :mod:`~pipelines.launch.k8s.cluster_check`: ``check-cluster``, the live cluster against a job (not re-exported).
 
 Every object carries labels that trace it back to Airflow: ``dag_id``, ``run_id``, ``task_id``,
 ``try_number`` (the same keys and value sanitising as the provider's KubernetesPodOperator),

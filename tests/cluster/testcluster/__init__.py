@@ -7,8 +7,12 @@ are local processes (``kubelet.py``), scheduled on declared nodes (``scheduler.p
 
     with TestCluster(tmp_path, nodes=[{"name": "gpu-1", "capacity": {"nvidia.com/gpu": 2},
                                        "taints": [{"key": "gpu", "effect": "NoSchedule"}]}]) as cluster:
-        api = cluster.client()                           # CoreV1Api through cluster.kubeconfig
+        api = cluster.client()                           # CoreV1Api as the tests' own admin user
         monkeypatch.setenv(*cluster.airflow_conn("k8s"))  # AIRFLOW_CONN_K8S for KubernetesHook
+
+``cluster.kubeconfig`` (user ``test-user``) is what the code under test gets; ``cluster.client()``
+uses ``admin-kubeconfig`` (``test-admin``), so the API server's record of calls
+(``apiserver.CALLS``) tells the code's calls from the tests' own.
 """
 
 from __future__ import annotations
@@ -72,12 +76,14 @@ class TestCluster:
                                api_port=self.server.server_address[1], **self._kubelet_args)
         self.server.kubelet = self.kubelet
         self.set_nodes(self._nodes)
-        self.kubeconfig.write_text(json.dumps({
-            "apiVersion": "v1", "kind": "Config", "current-context": "test-cluster", "preferences": {},
-            "clusters": [{"name": "test-cluster", "cluster": {"server": self.url}}],
-            "users": [{"name": "test-user", "user": {"token": "test-token"}}],
-            "contexts": [{"name": "test-cluster", "context": {"cluster": "test-cluster", "user": "test-user",
-                                                              "namespace": self.namespace}}]}, indent=1))
+        for path, user, token in ((self.kubeconfig, "test-user", "test-token"),
+                                  (self.admin_kubeconfig, "test-admin", "test-admin-token")):
+            path.write_text(json.dumps({
+                "apiVersion": "v1", "kind": "Config", "current-context": "test-cluster", "preferences": {},
+                "clusters": [{"name": "test-cluster", "cluster": {"server": self.url}}],
+                "users": [{"name": user, "user": {"token": token}}],
+                "contexts": [{"name": "test-cluster", "context": {"cluster": "test-cluster", "user": user,
+                                                                  "namespace": self.namespace}}]}, indent=1))
         self.server.thread.start()
         self.kubelet.start()
         return self
@@ -125,11 +131,44 @@ class TestCluster:
     def kubeconfig(self) -> Path:
         return self.root / "kubeconfig"
 
+    @property
+    def admin_kubeconfig(self) -> Path:
+        """The tests' own kubeconfig (user ``test-admin``, always allowed)."""
+        return self.root / "admin-kubeconfig"
+
     def client(self):
-        """A ``kubernetes.client.CoreV1Api`` that reaches this cluster through its kubeconfig."""
+        """A ``kubernetes.client.CoreV1Api`` that reaches this cluster as the tests' admin user."""
         from kubernetes import client, config
 
-        return client.CoreV1Api(config.new_client_from_config(config_file=str(self.kubeconfig)))
+        return client.CoreV1Api(config.new_client_from_config(config_file=str(self.admin_kubeconfig)))
+
+    @property
+    def calls(self) -> list[tuple[str, str, str, str]]:
+        """Every request made to this cluster: ``(user, verb, resource[/subresource], namespace)``."""
+        return list(self.server.calls)
+
+    def set_rbac(self, rules: list[dict] | None) -> None:
+        """The RBAC rules (a Role's ``rules``) access reviews answer from for ``test-user``; None allows all."""
+        self.server.rbac = rules
+
+    def set_namespaces(self, names: list[str] | None) -> None:
+        """Only these namespaces exist (for reads of namespaces); None: every namespace exists."""
+        self.server.declared_namespaces = None if names is None else set(names)
+
+    def set_claim(self, name: str, namespace: str | None = None, *, access_modes: tuple[str, ...] = ("ReadWriteMany",),
+                  phase: str | None = "Bound") -> None:
+        """Create or replace the PersistentVolumeClaim object ``name`` (phase None: delete it).  The
+        kubelet mounts ``claim_path`` whether or not the object exists."""
+        ns = namespace or self.namespace
+        if self.store.peek("persistentvolumeclaims", ns, name) is not None:
+            self.store.delete("persistentvolumeclaims", ns, name)
+        if phase is None:
+            return
+        self.store.create("persistentvolumeclaims", ns, {
+            "metadata": {"name": name}, "spec": {"accessModes": list(access_modes),
+                                                 "resources": {"requests": {"storage": "1Gi"}}}})
+        self.store.update("persistentvolumeclaims", ns, name, lambda o: o.__setitem__(
+            "status", {"phase": phase, "accessModes": list(access_modes)}))
 
     def airflow_conn(self, conn_id: str = "kubernetes_default", namespace: str | None = None) -> tuple[str, str]:
         """``(AIRFLOW_CONN_<ID>, json)``: an Airflow connection to this cluster for ``KubernetesHook``."""

@@ -4,8 +4,15 @@ TEST INFRASTRUCTURE, not product code.  The real ``kubernetes`` client and the c
 provider talk to it through a kubeconfig as to any cluster.  Served: pods (create, get, list with
 ``labelSelector``/``fieldSelector``, ``?watch=true``, merge and strategic-merge patch, graceful
 delete), ``pods/log`` (``follow`` streamed chunked, ``timestamps``, ``sinceSeconds``, ``sinceTime``,
-``tailLines``, ``container``, ``previous``), services, secrets, events, nodes (read-only) and
-namespaces (implicit: every namespace exists).  Errors are Kubernetes ``Status`` bodies.
+``tailLines``, ``container``, ``previous``), services, secrets, events, persistentvolumeclaims, nodes (read-only),
+namespaces (implicit: every namespace exists, unless ``declared_namespaces`` lists them) and
+``selfsubjectaccessreviews`` (answered from ``rbac``, RBAC rules for the kubeconfig's user; ``None``
+allows everything).  Errors are Kubernetes ``Status`` bodies.
+
+Every request to a resource is recorded as ``(user, verb, resource[/subresource], namespace)`` in
+``calls`` and in the process-wide :data:`CALLS`, the user named by the bearer token (:data:`USERS`:
+``test-user`` for the kubeconfig the code under test gets, ``test-admin`` for the tests' own
+client), so a test can check that the code used only what ``examples/rbac.yaml`` grants.
 """
 
 from __future__ import annotations
@@ -26,6 +33,25 @@ from testcluster.store import KINDS, ApiError, Store, fields_match, labels_match
 log = logging.getLogger(__name__)
 ROUTE = re.compile(r"^/api/v1(?:/namespaces/(?P<ns>[^/]+))?/(?P<res>[a-z]+)(?:/(?P<name>[^/]+))?(?:/(?P<sub>log))?$")
 CLUSTER_SCOPED = {"nodes", "namespaces"}
+ACCESS_REVIEWS = "/apis/authorization.k8s.io/v1/selfsubjectaccessreviews"
+USERS = {"test-token": "test-user", "test-admin-token": "test-admin"}
+CALLS: set[tuple[str, str, str, str]] = set()  # every cluster's calls in this process: (user, verb, resource, ns)
+
+
+def verb_of(method: str, name: str, query: dict) -> str:
+    """The RBAC verb of a request, as a real API server names it."""
+    if method == "GET":
+        return "get" if name else ("watch" if query.get("watch") == "True" else "list")
+    return {"POST": "create", "PATCH": "patch", "PUT": "update"}.get(method) or ("delete" if name else "deletecollection")
+
+
+def rules_allow(rules: list[dict] | None, verb: str, resource: str, group: str = "") -> bool:
+    """Whether RBAC ``rules`` (a Role's) allow ``verb`` on ``resource`` (``pods/log``); ``None`` allows all."""
+    if rules is None:
+        return True
+    return any((group in r.get("apiGroups", []) or "*" in r.get("apiGroups", []))
+               and (resource in r.get("resources", []) or "*" in r.get("resources", []))
+               and (verb in r.get("verbs", []) or "*" in r.get("verbs", [])) for r in rules)
 
 
 def stamp(t: float) -> str:
@@ -53,6 +79,9 @@ class ApiServer(ThreadingHTTPServer):
         super().__init__(("127.0.0.1", 0), Handler)
         self.store, self.kubelet = store, kubelet
         self.stopping = False
+        self.rbac: list[dict] | None = None  # the kubeconfig user's rules for access reviews; None: allow all
+        self.declared_namespaces: set[str] | None = None  # None: every namespace exists
+        self.calls: list[tuple[str, str, str, str]] = []
         self.connections: set[socket.socket] = set()
         self.thread = threading.Thread(target=self.serve_forever, kwargs={"poll_interval": 0.1},
                                        name="apiserver", daemon=True)
@@ -118,12 +147,17 @@ class Handler(BaseHTTPRequestHandler):
                 raise ApiError(400, "BadRequest", "the request body is not JSON") from None
             if url.path in ("/api", "/api/"):
                 return self.send_json(200, {"kind": "APIVersions", "versions": ["v1"], "serverAddressByClientCIDRs": []})
+            user = USERS.get(self.headers.get("Authorization", "").removeprefix("Bearer ").strip(), "anonymous")
+            if url.path == ACCESS_REVIEWS:
+                return self.access_review(method, user, body or {})
             if url.path == "/version":
                 return self.send_json(200, {"major": "1", "minor": "29", "gitVersion": "v1.29.0-testcluster",
                                             "platform": "linux/amd64"})
             m = ROUTE.match(url.path)
             if not m or m["res"] not in {*KINDS, "namespaces"}:
                 raise ApiError(404, "NotFound", "the server could not find the requested resource")
+            self.record(user, verb_of(method, m["name"] or "", query), m["res"] + (f"/{m['sub']}" if m["sub"] else ""),
+                        unquote(m["ns"] or ""))
             self.route(method, m["res"], unquote(m["ns"] or ""), unquote(m["name"] or ""), m["sub"], query, body)
         except ApiError as e:
             self.send_json(e.code, e.status())
@@ -159,14 +193,37 @@ class Handler(BaseHTTPRequestHandler):
             return self.delete(res, ns, name, q, body or {})
         raise ApiError(405, "MethodNotAllowed", "the server does not allow this method on the requested resource")
 
+    def record(self, user: str, verb: str, resource: str, namespace: str) -> None:
+        call = (user, verb, resource, namespace)
+        self.server.calls.append(call)
+        CALLS.add(call)
+
+    def access_review(self, method: str, user: str, body: dict) -> None:
+        """A SelfSubjectAccessReview: may this request's user do what ``spec.resourceAttributes`` says?"""
+        self.record(user, "create", "selfsubjectaccessreviews", "")
+        if method != "POST":
+            raise ApiError(405, "MethodNotAllowed", "the server does not allow this method on the requested resource")
+        spec = body.get("spec") or {}
+        attrs = spec.get("resourceAttributes") or {}
+        resource = attrs.get("resource", "") + (f"/{attrs['subresource']}" if attrs.get("subresource") else "")
+        allowed = user == "test-admin" or rules_allow(self.server.rbac, attrs.get("verb", ""), resource,
+                                                      attrs.get("group", ""))
+        status = {"allowed": allowed, **({} if allowed else {"reason": "no RBAC rule of the test cluster allows it"})}
+        self.send_json(201, {"apiVersion": "authorization.k8s.io/v1", "kind": "SelfSubjectAccessReview",
+                             "metadata": {}, "spec": spec, "status": status})
+
     def namespaces(self, name: str) -> None:
         def ns_object(n: str) -> dict:
             return {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": n, "labels": {
                 "kubernetes.io/metadata.name": n}}, "spec": {"finalizers": ["kubernetes"]}, "status": {"phase": "Active"}}
+        declared = self.server.declared_namespaces
         if name:
+            if declared is not None and name not in declared:
+                raise not_found("namespaces", name)
             return self.send_json(200, ns_object(name))
+        names = sorted(declared) if declared is not None else self.server.store.namespaces()
         self.send_json(200, {"kind": "NamespaceList", "apiVersion": "v1", "metadata": {},
-                             "items": [ns_object(n) for n in self.server.store.namespaces()]})
+                             "items": [ns_object(n) for n in names]})
 
     def delete(self, res: str, ns: str, name: str, q: dict, body: dict) -> None:
         """Pods on a node go gracefully (the kubelet stops them, then removes them); the rest at once."""

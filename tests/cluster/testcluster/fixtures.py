@@ -13,6 +13,8 @@ from types import SimpleNamespace
 import pytest
 
 from testcluster import TestCluster
+from testcluster.apiserver import CALLS
+from testcluster.rbac import ungranted_calls
 
 GPU_TAINT = {"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"}
 NODES = [
@@ -59,3 +61,13 @@ def task_context():
         return {"ti": ti, "run_id": run_id, "dag": None, "dag_run": None, "task": None}
 
     return make
+
+
+@pytest.fixture(scope="session", autouse=True)
+def calls_granted_by_example_rbac():
+    """After the session: every call the code made to any test cluster is granted by examples/rbac.yaml."""
+    yield
+    bad = ungranted_calls(CALLS)
+    if bad:
+        pytest.fail(f"calls to the test cluster that examples/rbac.yaml does not grant (user, verb, resource, "
+                    f"namespace): {bad}", pytrace=False)

@@ -19,7 +19,8 @@ import uuid
 import kubernetes_validate
 
 SCHEMA_VERSION = kubernetes_validate.latest_version()
-KINDS = {"pods": "Pod", "services": "Service", "secrets": "Secret", "events": "Event", "nodes": "Node"}
+KINDS = {"pods": "Pod", "services": "Service", "secrets": "Secret", "events": "Event", "nodes": "Node",
+         "persistentvolumeclaims": "PersistentVolumeClaim"}
 DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 DNS_1035 = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
