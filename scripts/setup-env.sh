@@ -24,8 +24,10 @@ case "$which_env" in
 esac
 
 # The real-Airflow tests run on PostgreSQL: its server programs where the machine has none.
+# The browser test drives the distribution's Chromium: install it where the machine has none.
 if [[ $which_env == airflow ]]; then
   scripts/setup-postgres.sh
+  scripts/setup-chromium.sh
 fi
 
 stamp_value=$(cat "$lock" pyproject.toml "$0" | sha256sum | cut -c1-32)
