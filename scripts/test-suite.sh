@@ -1,9 +1,27 @@
 #!/usr/bin/env bash
-# `make test`: build both environments if needed, run the trainer suite and the Airflow suite,
-# then print how long each part took.  Both suites run even when the first fails, so one CI log
-# shows every failure; the exit status is the first failing part's.
+# `make test`: build both environments if needed, then the whole suite in two phases, then how long
+# each part took.
+#
+#   1. The trainer suite (.venv-trainer) and the Airflow suite (.venv) at the same time, each in its
+#      own process: they share nothing but the machine, and on 2 cores one suite alone leaves about
+#      half of the CPU idle (it waits on the scheduler, on pods, on process starts).  Their output
+#      is streamed with a prefix, [trainer] or [airflow].
+#   2. The tests marked `timing` (they assert on a measured speed or CPU share: a quota-limited rank
+#      is slower, batches follow measured speeds, a 500m pod is planned as the slow device), alone,
+#      after phase 1, so that no other test takes the CPU they measure.
+#
+# Every part runs even when an earlier one fails, so one CI log shows every failure; the exit status
+# is the first failing part's.  TRAINER_TESTS, AIRFLOW_TESTS and PYTEST_OPTS narrow a run as for
+# `make test-trainer` / `make test-airflow`.
 set -uo pipefail
 cd "$(dirname "$0")/.."
+
+TRAINER_TESTS=${TRAINER_TESTS:-tests/unit tests/integration/trainer tests/bench}
+AIRFLOW_TESTS=${AIRFLOW_TESTS:-tests/dags tests/k8s tests/cluster tests/integration/airflow}
+PYTEST_OPTS=${PYTEST_OPTS:--q -p no:cacheprovider --durations=15}
+export AIRFLOW_HOME=${AIRFLOW_HOME:-$PWD/.airflow}
+export AIRFLOW__CORE__DAGS_FOLDER=$PWD/dags AIRFLOW__CORE__PLUGINS_FOLDER=$PWD/plugins
+export AIRFLOW__CORE__LOAD_EXAMPLES=False HETERO_TRAINER_PYTHON=$PWD/.venv-trainer/bin/python
 
 parts=() secs=() codes=()
 run_part() {  # run_part NAME COMMAND...
@@ -15,21 +33,53 @@ run_part() {  # run_part NAME COMMAND...
   parts+=("$name") secs+=($((SECONDS - start))) codes+=("$code")
   return "$code"
 }
+pytest_in() {  # pytest_in VENV MARK TESTS...: exit 5 (nothing collected) counts as success
+  local venv=$1 mark=$2 code
+  shift 2
+  # shellcheck disable=SC2086  # PYTEST_OPTS is a list of options
+  "$venv/bin/python" -m pytest $PYTEST_OPTS -m "$mark" "$@"
+  code=$?
+  [[ $code == 5 ]] && code=0
+  return "$code"
+}
 
 run_part "set-up: Airflow environment" scripts/setup-env.sh airflow || exit $?
 run_part "set-up: trainer environment" scripts/setup-env.sh trainer || exit $?
-run_part "trainer suite" make --no-print-directory test-trainer
-run_part "Airflow suite" make --no-print-directory test-airflow
+
+echo "== phase 1: the trainer and Airflow suites side by side (all but the timing tests)"
+ends=$(mktemp -d)
+side() {  # side NAME VENV TESTS...: one suite of phase 1, its lines prefixed, its end time and code kept
+  local name=$1 venv=$2 start code
+  shift 2
+  start=$(date +%s)
+  pytest_in "$venv" "not timing" "$@" 2>&1 | sed -u "s/^/[$name] /"
+  code=${PIPESTATUS[0]}
+  echo "$(($(date +%s) - start)) $code" > "$ends/$name"
+}
+# shellcheck disable=SC2086
+side trainer .venv-trainer $TRAINER_TESTS &
+# shellcheck disable=SC2086
+side airflow .venv $AIRFLOW_TESTS &
+wait
+for name in trainer airflow; do
+  read -r took code < "$ends/$name" || { took=0 code=1; }
+  parts+=("$name suite") secs+=("$took") codes+=("$code")
+done
+rm -rf "$ends"
+
+# shellcheck disable=SC2086
+run_part "timing tests, trainer (alone)" pytest_in .venv-trainer timing $TRAINER_TESTS
+# shellcheck disable=SC2086
+run_part "timing tests, Airflow (alone)" pytest_in .venv timing $AIRFLOW_TESTS
 
 total=0 status=0
 echo
-echo "make test: time of each part"
+echo "make test: time of each part (the two suites of phase 1 ran at the same time)"
 for i in "${!parts[@]}"; do
   result=ok
   [[ ${codes[$i]} == 0 ]] || result="FAILED (exit ${codes[$i]})"
   [[ $status != 0 || ${codes[$i]} == 0 ]] || status=${codes[$i]}
-  printf '  %-30s %4dm%02ds  %s\n' "${parts[$i]}" $((secs[i] / 60)) $((secs[i] % 60)) "$result"
-  total=$((total + secs[i]))
+  printf '  %-32s %4dm%02ds  %s\n' "${parts[$i]}" $((secs[i] / 60)) $((secs[i] % 60)) "$result"
 done
-printf '  %-30s %4dm%02ds\n' "total" $((total / 60)) $((total % 60))
+printf '  %-32s %4dm%02ds\n' "total (wall)" $((SECONDS / 60)) $((SECONDS % 60))
 exit "$status"

@@ -21,6 +21,9 @@ if str(ROOT / "plugins") not in sys.path:  # hetero, as Airflow loads it
     sys.path.insert(0, str(ROOT / "plugins"))
 TRAINER_PY = ROOT / ".venv-trainer" / "bin" / "python"
 AIRFLOW = Path(sys.executable).with_name("airflow")
+# The 500m pod must measure slower than the 1-CPU pod, and the asynchronous parameter server's
+# accuracy depends on how the workers interleave: make test runs this module alone (timing).
+pytestmark = pytest.mark.timing
 
 
 @pytest.fixture(scope="module")

@@ -12,6 +12,8 @@ from conftest import ROOT, assert_quota_enforced, launch_ranks, require_cpu_quot
 
 from pipelines.launch.local import Profile, profiles_from_pool
 
+pytestmark = pytest.mark.timing  # balances to measured speeds: runs alone, after the parallel part
+
 ROWS, HOLDOUT = 3000, 2000
 # Same maths, not the same bits: per-rank partial sums round differently, and SGD with momentum
 # amplifies a 1e-7 difference into a different (equally good) model within a few dozen steps.

@@ -13,6 +13,7 @@ import time
 import uuid
 from pathlib import Path
 
+import pytest
 from conftest import ROOT, require_cpu_quota
 
 from pipelines.launch.cgroups import GROUP_PREFIX, CpuLimiter
@@ -110,6 +111,7 @@ def test_plain_horovod_script_runs_unchanged_via_cli(tmp_path):
     assert results == [["0", "2", "1.0"], ["1", "2", "1.0"]], proc.stdout
 
 
+@pytest.mark.timing  # CPU per wall second of pinned ranks: runs alone
 def test_pool_profiles_pin_cores_and_enforce_quota(tmp_path):
     require_cpu_quota()
     path = script(tmp_path, "busy.py", BUSY_LOOP)

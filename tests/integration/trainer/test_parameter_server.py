@@ -65,6 +65,7 @@ def after_first_checkpoint(run: Path, action, timeout=120.0):
     return hook
 
 
+@pytest.mark.timing  # counts updates per worker speed: runs alone
 def test_async_converges_and_the_fast_worker_does_more(tmp_path):
     require_cpu_quota()  # the slow worker is slow only under a real quota
     run = ps_run(tmp_path, epochs=4, update_mode="async", model=WIDE_MLP, global_batch=128)

@@ -14,6 +14,8 @@ from conftest import assert_quota_enforced, launch_ranks, require_cpu_quota, wri
 
 from pipelines.launch.local import Profile
 
+pytestmark = pytest.mark.timing  # measures a rank's slow-down: runs alone, after the parallel part
+
 CALIBRATED = re.compile(r"calibrated samples/s .* -> local batches \[(\d+), (\d+)\]")
 
 
