@@ -1,4 +1,4 @@
-"""``python -m pipelines <command>``: run one stage, render manifests, or make sample data.
+"""``python -m pipelines <command>``: run one stage, render manifests, make sample data, or show a DAG's history.
 
 A command prints a short summary for people (``pipelines.core.summary``) and exits 0; with
 ``--json`` it prints its result as one JSON line instead, the last line of standard output (what
@@ -16,6 +16,7 @@ import sys
 import time
 from pathlib import Path
 
+from pipelines.analyze.history import history_command
 from pipelines.core.stages import ALIASES, STAGES, StageContext, canonical, resolve
 from pipelines.core.summary import summary_lines
 from pipelines.data.sample import generate
@@ -131,7 +132,16 @@ def build_parser() -> argparse.ArgumentParser:
     cc.add_argument("--kubeconfig", help="kubeconfig file (default: $KUBECONFIG or ~/.kube/config; without one, "
                     "the in-cluster service account)")
     cc.add_argument("--context", help="kubeconfig context (default: its current context)")
-    for command in (g, pr, fb, pa, rr, r, cc):
+    h = sub.add_parser("history", help="the history of a DAG's analysed runs: a line per run, and a page of figures "
+                       "per model and pool (held-out accuracy per version, predicted and actual run time, "
+                       "throughput, balance, learning rate)")
+    h.add_argument("--artifact-root", required=True, help="the artifact root the runs are under")
+    h.add_argument("--dag-id", required=True, help="the DAG whose runs are read: <artifact root>/<dag id>/")
+    h.add_argument("--model", help="only the runs of this model (its name in the model store)")
+    h.add_argument("--pool", help="only the runs on this pool, named by its device types and counts, e.g. fast:1,slow:1")
+    h.add_argument("--out", help="write the page here (default: <artifact root>/<dag id>/history.html, only "
+                   "when neither --model nor --pool is given)")
+    for command in (g, pr, fb, pa, rr, r, cc, h):
         _json_option(command)
     return parser
 
@@ -220,6 +230,8 @@ def main(argv: list[str] | None = None) -> int:
         result = bank_command(args)
     elif args.command == "render":
         result = render_cli(args)
+    elif args.command == "history":
+        result = history_command(args)
     else:
         result = run_stage(args)
     text = json.dumps(result, sort_keys=True, default=str)

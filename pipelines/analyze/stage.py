@@ -1,11 +1,13 @@
 """The analyze stage: read the run's results and event files, evaluate on held-out data, report.
 
 Writes ``analyze/report.html`` (self-contained) and ``analyze/metrics.json`` into the run
-directory and returns the headline figures (see :func:`run`).
+directory and returns the headline figures (see :func:`run`); then rewrites the DAG's history
+page, ``<artifact_root>/<dag_id>/history.html`` (:mod:`pipelines.analyze.history`).
 """
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import logging
 import os
@@ -14,6 +16,7 @@ from typing import Any
 
 from pipelines.analyze.evaluate import evaluate
 from pipelines.analyze.events import Events, EventsNotFoundError, read_events
+from pipelines.analyze.history.page import write_history
 from pipelines.analyze.report import ReportInputs, build_report
 from pipelines.analyze.updates import PARAMETER_SERVER, UPDATES_FILE, ps_figures, read_updates, strategy_of
 from pipelines.core.stages import StageContext
@@ -21,9 +24,9 @@ from pipelines.errors import StageError
 from pipelines.spec import JobSpec
 from pipelines.stores.models import ModelStore
 from pipelines.stores.run_records import record_run
-from pipelines.stores.rundir import RunDir, input_key, write_json, write_text
+from pipelines.stores.rundir import RunDir, input_key, safe_component, write_json, write_text
 
-__all__ = ["REPORT_VERSION", "run", "derived_metrics"]
+__all__ = ["REPORT_VERSION", "analyze", "derived_metrics", "refresh_history", "run"]
 
 log = logging.getLogger(__name__)
 
@@ -155,7 +158,33 @@ def compare_versions(
     return {"new": new, "promoted": old_entry, "tolerance": tolerance, "promotable": promotable, "reason": reason}
 
 
+def refresh_history(run_dir: RunDir, ctx: StageContext) -> Path | None:
+    """Rewrite the DAG's history page, ``<artifact_root>/<dag_id>/history.html``, with this run in
+    it; the page's path, or None when it was not written.  The DAG's folder is the run directory's
+    parent when the run directory is in its usual place, ``.../<dag_id>/<run_id>`` (one given
+    elsewhere with ``--run-dir`` has none).  Never fails the stage: the run's analysis is done
+    whatever happens to the page of all runs."""
+    if (run_dir.root.parent.name, run_dir.root.name) != (safe_component(ctx.dag_id), safe_component(ctx.run_id)):
+        log.info("%s is not <artifact_root>/<dag_id>/<run_id>: the DAG's history page is left alone", run_dir)
+        return None
+    try:
+        _, page = write_history(str(run_dir.root.parent.parent), ctx.dag_id)
+    except Exception as e:  # any failure (a store, a figure, the disk) loses only the page
+        log.warning("could not write the DAG's history page: %s", e, exc_info=True)
+        return None
+    log.info("history of the DAG's runs: %s", page)
+    return page
+
+
 def run(spec: JobSpec, run_dir: RunDir, ctx: StageContext) -> dict[str, Any]:
+    """Analyse a finished run (:func:`analyze`), then rewrite the DAG's history page
+    (:func:`refresh_history`), also when the stored result of a finished analysis is returned."""
+    result = analyze(spec, run_dir, ctx)
+    refresh_history(run_dir, ctx)
+    return result
+
+
+def analyze(spec: JobSpec, run_dir: RunDir, ctx: StageContext) -> dict[str, Any]:
     """Analyse a finished run.
 
     Reads ``preload`` and ``train`` results (required) and ``estimate`` and ``lr_search`` results
@@ -208,7 +237,9 @@ def run(spec: JobSpec, run_dir: RunDir, ctx: StageContext) -> dict[str, Any]:
     ))
     report_path = write_text(out / "report.html", html_text)
     last = {tag: points[-1][2] for tag, points in scalars.items()}
-    metrics_doc = {**metrics, **{f"holdout_{k}": v for k, v in evaluation.items()}, "last_scalars": last, "input_key": key}
+    metrics_doc = {**metrics, **{f"holdout_{k}": v for k, v in evaluation.items()}, "last_scalars": last, "input_key": key,
+                   "dag_id": ctx.dag_id, "run_id": ctx.run_id, "model": spec.model_store_name(),
+                   "analyzed_at": dt.datetime.now(dt.UTC).isoformat(timespec="seconds")}
     metrics_path = write_json(out / "metrics.json", metrics_doc)
     return {
         "report": str(report_path),

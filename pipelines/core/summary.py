@@ -188,6 +188,33 @@ def _reference_runs(r: Mapping[str, Any]) -> list[str]:
     return lines
 
 
+def _history(r: Mapping[str, Any]) -> list[str]:
+    """A line per run, grouped by model and pool, oldest first; ``*`` marks the promoted version."""
+    runs, skipped = r["runs"], r.get("skipped") or []
+    page = f"page {r['page']}" if r.get("page") else "no page written (a filtered history needs --out)"
+    lines = [f"history: {len(runs)} analysed runs of {r.get('dag_id', '?')}"
+             + (f", {len(skipped)} skipped" if skipped else "") + f"; {page}"]
+    width = max([len(str(x["run_id"])) for x in runs] + [6])
+    by_group: dict[tuple[str, str], list[Mapping[str, Any]]] = {}
+    for x in runs:
+        by_group.setdefault((x["model"], x["pool"]), []).append(x)
+    for (model, pool), rows in sorted(by_group.items()):
+        lines.append(f"{model} on {pool}:")
+        lines.append(f"  {'run id':<{width}}  {'version':<8} {'accuracy':>8}  {'predicted/actual s':>18}  "
+                     f"{'samples/s':>9}  {'balance':>7}  {'rate':>8}")
+        for x in rows:
+            version = (x.get("version") or "-") + (" *" if x.get("promoted") else "")
+            acc = "-" if x.get("holdout_accuracy") is None else f"{x['holdout_accuracy']:.4f}"
+            times = f"{_num(x.get('predicted_total_s'), 1)} / {_num(x.get('actual_train_s'), 1)}"
+            rate = "-" if x.get("learning_rate") is None else f"{x['learning_rate']:.3g}"
+            lines.append(f"  {x['run_id']:<{width}}  {version:<8} {acc:>8}  {times:>18}  "
+                         f"{_num(x.get('samples_per_sec')):>9}  {_num(x.get('balance_efficiency'), 2):>7}  {rate:>8}")
+    if any(x.get("promoted") for x in runs):
+        lines.append("* the promoted version")
+    lines += [f"skipped {s['run_id']}: {_cut(s['why'])}" for s in skipped]
+    return lines
+
+
 def _generate_data(r: Mapping[str, Any]) -> list[str]:
     return [f"generate-data: {_num(r['rows'])} rows in {len(r.get('files') or [])} files under {r['out']}"]
 
@@ -200,7 +227,7 @@ SUMMARIES: dict[str, Callable[[Mapping[str, Any]], list[str]]] = {
     "preload": _preload, "estimate": _estimate, "lr_search": _lr_search, "train": _train,
     "publish": _publish, "analyze": _analyze, "promote": _promote,
     "profile": _profile, "fit-bank": _fit_bank, "probe-allreduce": _probe, "reference-runs": _reference_runs,
-    "generate-data": _generate_data, "render": _render,
+    "generate-data": _generate_data, "render": _render, "history": _history,
 }  # fmt: skip
 
 

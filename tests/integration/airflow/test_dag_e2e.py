@@ -74,9 +74,10 @@ def local_run(airflow_env, tiny_dataset, tmp_path_factory):
 
 def test_pipeline_runs_end_to_end(local_run):
     artifacts, log = local_run
-    runs = list((artifacts / "train_pipeline").glob("*"))
+    runs = [p for p in (artifacts / "train_pipeline").iterdir() if p.is_dir()]  # beside them: history.html
     assert len(runs) == 1, log[-5000:]
     run = runs[0]
+    assert (artifacts / "train_pipeline" / "history.html").is_file()  # the DAG's history page, by analyze
     for stage in ("preload", "estimate", "lr_search", "train", "publish", "analyze", "promote"):
         assert (run / stage / "result.json").is_file(), f"{stage} did not finish:\n{log[-5000:]}"
     train = json.loads((run / "train" / "result.json").read_text())
@@ -120,7 +121,7 @@ def test_the_pipeline_trains_with_a_parameter_server(airflow_env, tiny_dataset, 
     proc = dags_test(airflow_env, {"dataset": {"uri": str(tiny_dataset)}, "training": training, "artifact_root": str(artifacts)})
     log = proc.stdout + proc.stderr
     assert succeeded(log), log[-5000:]
-    (run,) = list((artifacts / "train_pipeline").glob("*"))
+    (run,) = [p for p in (artifacts / "train_pipeline").iterdir() if p.is_dir()]
     plan = json.loads((run / "estimate" / "plan.json").read_text())
     assert plan["strategy"] == "parameter_server"
     train = json.loads((run / "train" / "result.json").read_text())
@@ -209,7 +210,7 @@ def k8s_run(airflow_env, tiny_dataset, test_cluster, tmp_path_factory):
     proc = dags_test(env, conf)
     print(f"\nkubernetes DAG run: {time.monotonic() - started:.0f} s")
     log = proc.stdout + proc.stderr
-    runs = list((claim / "train_pipeline").glob("*"))
+    runs = [p for p in (claim / "train_pipeline").iterdir() if p.is_dir()]
     assert len(runs) == 1 and succeeded(log), log[-8000:]
     return conf, runs[0], f"/mnt/artifacts/train_pipeline/{runs[0].name}", log
 

@@ -118,8 +118,9 @@ def _results(rd: RunDir, holdout_shards: list[str]) -> dict[str, dict]:
 
 @pytest.fixture(scope="module")
 def run_dir(tmp_path_factory) -> tuple[RunDir, dict]:
-    """A finished run: held-out shards, a saved model, event files and every upstream result."""
-    rd = RunDir(tmp_path_factory.mktemp("run"))
+    """A finished run: held-out shards, a saved model, event files and every upstream result, in its
+    place under an artifact root (``dag/run-1``)."""
+    rd = RunDir.for_run(str(tmp_path_factory.mktemp("artifacts")), "dag", "run-1")
     x, y = make_holdout(50, np.random.default_rng(0))
     shards = [
         write_shard(rd.stage("preload") / f"holdout-{i}.arrow", x[s], y[s])
@@ -140,7 +141,7 @@ def spec():
 
 def test_full_stage_writes_report_and_metrics(run_dir):
     rd, expected = run_dir
-    result = resolve("analyze")(spec(), rd, StageContext(fresh=True))
+    result = resolve("analyze")(spec(), rd, StageContext("dag", "run-1", fresh=True))
 
     confusion = expected["confusion"]
     accuracy = np.trace(confusion) / confusion.sum()
@@ -171,6 +172,9 @@ def test_full_stage_writes_report_and_metrics(run_dir):
     assert len(pngs) >= 9 and all(p.startswith(b"\x89PNG") for p in pngs)
     weights = re.search(r'<section id="weight-distributions">(.*?)</section>', html_text).group(1)
     assert weights.count("<img") == 1 and "3 step(s), 0 to 40" in weights
+    # the DAG's history page, with this run in it
+    history = (rd.root.parent / "history.html").read_text()
+    assert metrics["run_id"] == "run-1" and "<h2>small_cnn on fast:1,slow:1</h2>" in history
 
 
 def test_stage_is_idempotent_and_handles_missing_optional_results(run_dir):
