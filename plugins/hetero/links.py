@@ -2,14 +2,19 @@
 TensorBoard event folder, the model version and, for Kubernetes runs, the task's pods.
 
 A link is a URL made from the task's own result when the task ends (Airflow stores it with the
-task instance), so it needs nothing at view time.  Where a link points is configurable, because
-only the deployment knows how its users reach files and clusters:
+task instance), so it needs nothing at view time.  The report and the event folder link to the
+pipeline's pages inside Airflow (:mod:`hetero.web`: ``<[api] base_url>/hetero/dags/<dag_id>/runs/
+<run_id>/report`` and ``.../files/train/events/``), served by the api-server behind its login.
+Where the other links point is configurable, because only the deployment knows how its users
+reach files and clusters:
 
+- ``HETERO_WEB_LINKS=0``: the pages are switched off; the report and events link as below.
 - ``HETERO_ARTIFACT_URL``: a prefix that serves ``artifact_root`` over HTTP (e.g. an object store
-  console or a static file server); without it links are ``file://`` URIs of the paths.
-- ``HETERO_TENSORBOARD_URL``: a template for the train task's events, for a stock TensorBoard
-  server started with ``tensorboard --logdir <artifact_root>``, which names each run by its
-  folder relative to the artifact root. ``{run}`` is that name
+  console or a static file server); without it links are ``file://`` URIs of the paths (which a
+  browser does not open from a page served over HTTP).
+- ``HETERO_TENSORBOARD_URL``: a template for the train task's events (taken before the pages),
+  for a stock TensorBoard server started with ``tensorboard --logdir <artifact_root>``, which
+  names each run by its folder relative to the artifact root. ``{run}`` is that name
   (``<dag_id>/<run_id>/train/events``), ``{run_regex}`` a regular expression matching that name
   only (also with a ``--logdir_spec <name>:<artifact_root>`` prefix), and ``{path}`` the folder's own path (all URL-quoted), e.g.
   ``http://tensorboard:6006/?runFilter={run_regex}#timeseries``: TensorBoard 2.15's frontend reads
@@ -30,6 +35,9 @@ import urllib.parse
 from typing import Any
 
 from airflow.sdk import BaseOperatorLink
+
+from hetero.web.paths import run_folder
+from hetero.web.urls import files_url, report_url, web_links_enabled
 
 ENV_ARTIFACT_URL = "HETERO_ARTIFACT_URL"
 ENV_TENSORBOARD_URL = "HETERO_TENSORBOARD_URL"
@@ -87,14 +95,28 @@ def tensorboard_url(path: str, artifact_root: str | None) -> str:
         return file_url(path, artifact_root)
 
 
-def stage_links(stage: str, result: dict[str, Any], spec: Any, selector: str | None) -> dict[str, str]:
-    """The links of a stage's task, from its result: ``{link name: URL}`` (only those it has)."""
+def events_url(path: str, artifact_root: str | None, run: tuple[str, str] | None) -> str:
+    """The "TensorBoard events" link: ``HETERO_TENSORBOARD_URL`` filled in, else the folder on
+    the pipeline's pages (when it is in the run's folder and the pages are on), else
+    :func:`file_url`."""
+    inside = None
+    if run is not None and artifact_root and web_links_enabled() and not os.environ.get(ENV_TENSORBOARD_URL):
+        inside = _relative(path, str(run_folder(artifact_root.removeprefix("file://"), *run)))
+    return files_url(*run, inside + "/") if inside else tensorboard_url(path, artifact_root)
+
+
+def stage_links(stage: str, result: dict[str, Any], spec: Any, selector: str | None,
+                run: tuple[str, str] | None = None) -> dict[str, str]:
+    """The links of a stage's task, from its result: ``{link name: URL}`` (only those it has).
+    ``run`` is the task's ``(dag_id, run_id)``: with it, and the pages on, the report links to
+    the run's report page inside Airflow."""
     links: dict[str, str] = {}
     root = getattr(spec, "artifact_root", None)
     if result.get("report"):
-        links["Report"] = file_url(result["report"], root)
+        web = run is not None and web_links_enabled()
+        links["Report"] = report_url(*run) if web else file_url(result["report"], root)
     if stage == "train" and result.get("events_dir"):
-        links["TensorBoard events"] = tensorboard_url(result["events_dir"], root)
+        links["TensorBoard events"] = events_url(result["events_dir"], root, run)
     if stage in ("publish", "promote") and result.get("version"):
         uri = result.get("uri") or ""
         links["Model version"] = file_url(uri, root) if uri else ""

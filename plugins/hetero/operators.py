@@ -23,7 +23,7 @@ from airflow.sdk.exceptions import AirflowFailException
 from hetero.links import LINKS, stage_links
 from hetero.runners.protocol import Deferred, Runner
 from hetero.runners.table import runner_for
-from hetero.task_context import identity_from_context, validate_params
+from hetero.task_context import identity_from_context, stage_context, validate_params
 from pipelines.core.stages import RANK_PROGRAMS
 from pipelines.errors import NO_RETRY
 from pipelines.spec import JobSpec, SpecError
@@ -127,7 +127,8 @@ class PipelineStageOperator(RunnerOperator):
         its Asset outlets' events; returns the result unchanged."""
         spec = self.spec
         selector = identity_from_context(context).job_selector(this_try=True) if spec.launcher == "kubernetes" else None
-        self.links = stage_links(self.stage, result or {}, spec, selector)
+        ctx = stage_context(context)
+        self.links = stage_links(self.stage, result or {}, spec, selector, run=(ctx.dag_id, ctx.run_id))
         if self.stage == "publish" and result and self.outlets:
             events = context["outlet_events"]
             for outlet in self.outlets:
