@@ -37,7 +37,7 @@ pytest_in() {  # pytest_in VENV MARK TESTS...: exit 5 (nothing collected) counts
   local venv=$1 mark=$2 code
   shift 2
   # shellcheck disable=SC2086  # PYTEST_OPTS is a list of options
-  "$venv/bin/python" -m pytest $PYTEST_OPTS -m "$mark" "$@"
+  PYTHONUNBUFFERED=1 "$venv/bin/python" -m pytest $PYTEST_OPTS -m "$mark" "$@"
   code=$?
   [[ $code == 5 ]] && code=0
   return "$code"

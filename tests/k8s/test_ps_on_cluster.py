@@ -225,9 +225,14 @@ def _stand_in(op: ParameterServerJobOperator, run: Path) -> ParameterServerJobOp
 
 
 def _serving(cluster, kube, run_id: str) -> bool:
+    """Every pod of the try runs and the parameter server has said so in its log ("ps serving"):
+    a server killed before that line would leave nothing for the failure to quote."""
     selector = identity_from_context(_context(run_id)).job_selector(this_try=True)
     pods = kube.list_namespaced_pod("default", label_selector=selector).items
-    return len(pods) == 4 and all(p.status.phase == "Running" for p in pods)
+    if len(pods) != 4 or any(p.status.phase != "Running" for p in pods):
+        return False
+    ps = next(p for p in pods if p.spec.hostname == "ps-0")
+    return "ps serving" in kube.read_namespaced_pod_log(ps.metadata.name, "default")
 
 
 def test_a_killed_parameter_server_ends_the_job_at_once_naming_it(cluster, kube, kube_conn, spec_doc, preloaded):
