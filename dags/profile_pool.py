@@ -7,6 +7,7 @@ import datetime as dt
 
 from airflow.sdk import DAG, TriggerRule
 
+from hetero.notify import run_failure_notice, task_failure_notice
 from hetero.profiling import (
     AllreduceProbeOperator,
     BankFitOperator,
@@ -50,7 +51,9 @@ with DAG(
     max_active_runs=1,  # one refresh of the bank at a time
     doc_md=DOC,
     params=profile_params(),
-    default_args={"retries": 2, "retry_delay": dt.timedelta(seconds=30), "retry_exponential_backoff": True},
+    on_failure_callback=run_failure_notice(),  # [hetero] notify_on_failure (hetero.notify); None when unset
+    default_args={"retries": 2, "retry_delay": dt.timedelta(seconds=30), "retry_exponential_backoff": True,
+                  "on_failure_callback": task_failure_notice()},
     tags=["profiling"],
 ):
     device_types = PoolDeviceTypesOperator(task_id="device_types")

@@ -8,6 +8,7 @@ import datetime as dt
 from airflow.sdk import DAG
 
 from hetero.approval import PromotionApprovalOperator
+from hetero.notify import promotion_notice, run_failure_notice, task_failure_notice
 from hetero.operators import PipelineStageOperator
 from hetero.params import job_params
 from hetero.schedule import model_asset, schedule_from_env
@@ -44,7 +45,10 @@ with DAG(
     max_active_runs=1,
     doc_md=DOC,
     params=job_params(),
-    default_args={"retries": 2, "retry_delay": dt.timedelta(seconds=30), "retry_exponential_backoff": True},
+    # Notices from [hetero] notify_on_failure / notify_on_promotion (hetero.notify); None when unset.
+    on_failure_callback=run_failure_notice(),
+    default_args={"retries": 2, "retry_delay": dt.timedelta(seconds=30), "retry_exponential_backoff": True,
+                  "on_failure_callback": task_failure_notice()},
     tags=["training", "horovod"],
 ):
     preload = PipelineStageOperator(task_id="preload", stage="preload")
@@ -54,5 +58,5 @@ with DAG(
     publish = PipelineStageOperator(task_id="publish", stage="publish", outlets=[model_asset()])
     analyze = PipelineStageOperator(task_id="analyze", stage="analyze")
     approve = PromotionApprovalOperator(task_id="approve", retries=0)
-    promote = PipelineStageOperator(task_id="promote", stage="promote")
+    promote = PipelineStageOperator(task_id="promote", stage="promote", on_success_callback=promotion_notice())
     preload >> estimate >> lr_search >> train >> publish >> analyze >> approve >> promote
