@@ -5,13 +5,19 @@ from being built is one ModelError naming model.name, the module and the cause (
 from __future__ import annotations
 
 import itertools
+import shutil
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
+import yaml
 
 from pipelines.errors import EXIT_BAD_INPUT, ModelError, StageError
 from pipelines.models import build_model, resolve_model
 
 _names = itertools.count()
+ROOT = Path(__file__).resolve().parents[3]
 
 
 @pytest.fixture
@@ -110,3 +116,18 @@ def test_a_subclassed_model_never_called_has_no_output_shape(module):
     )
     with pytest.raises(ModelError, match="the model has no output shape; build it on a tf.keras.Input"):
         build_model(f"{name}:build", (4,), 2)
+
+
+def test_the_example_model_package_installs_offline_and_builds(tmp_path, monkeypatch):
+    """examples/mymodels, installed as docker/examples/Dockerfile.user-model installs it (the trainer
+    lock as constraints, its setuptools, no index), is the model the example job defaults name."""
+    source = shutil.copytree(ROOT / "examples" / "mymodels", tmp_path / "src")  # a build writes beside its sources
+    pip = [sys.executable, "-m", "pip", "install", "--quiet", "--no-build-isolation", "--no-index",
+           "-c", str(ROOT / "requirements" / "trainer.lock"), "--target", str(tmp_path / "site"), str(source)]
+    done = subprocess.run(pip, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    monkeypatch.syspath_prepend(str(tmp_path / "site"))
+    job = yaml.safe_load((ROOT / "examples" / "job-defaults-kubernetes.yaml").read_text())
+    model = build_model(job["model"]["name"], (28, 28, 1), 10, job["model"]["kwargs"])
+    assert tuple(model.output_shape) == (None, 10)
+    assert model.layers[0].filters == job["model"]["kwargs"]["filters"]
