@@ -16,7 +16,7 @@ import sys
 import time
 from pathlib import Path
 
-from pipelines.analyze.history import history_command
+from pipelines.analyze.history import history_command, refresh_history
 from pipelines.core.stages import ALIASES, STAGES, StageContext, canonical, resolve
 from pipelines.core.summary import summary_lines
 from pipelines.data.sample import generate
@@ -191,6 +191,8 @@ def run_stage(args: argparse.Namespace) -> dict:
     result.setdefault("run_dir", str(run_dir))
     result.setdefault("seconds", round(time.time() - started, 3))
     write_json(run_dir.result_path(stage), result)
+    if stage == "promote":  # the history page marks the promoted version (analyze, earlier, drew the rest)
+        refresh_history(run_dir, ctx.dag_id, ctx.run_id)
     return result
 
 

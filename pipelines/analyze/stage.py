@@ -16,7 +16,7 @@ from typing import Any
 
 from pipelines.analyze.evaluate import evaluate
 from pipelines.analyze.events import Events, EventsNotFoundError, read_events
-from pipelines.analyze.history.page import write_history
+from pipelines.analyze.history import refresh_history
 from pipelines.analyze.report import ReportInputs, build_report
 from pipelines.analyze.updates import PARAMETER_SERVER, UPDATES_FILE, ps_figures, read_updates, strategy_of
 from pipelines.core.stages import StageContext
@@ -24,9 +24,9 @@ from pipelines.errors import StageError
 from pipelines.spec import JobSpec
 from pipelines.stores.models import ModelStore
 from pipelines.stores.run_records import record_run
-from pipelines.stores.rundir import RunDir, input_key, safe_component, write_json, write_text
+from pipelines.stores.rundir import RunDir, input_key, write_json, write_text
 
-__all__ = ["REPORT_VERSION", "analyze", "derived_metrics", "refresh_history", "run"]
+__all__ = ["REPORT_VERSION", "analyze", "derived_metrics", "run"]
 
 log = logging.getLogger(__name__)
 
@@ -158,29 +158,11 @@ def compare_versions(
     return {"new": new, "promoted": old_entry, "tolerance": tolerance, "promotable": promotable, "reason": reason}
 
 
-def refresh_history(run_dir: RunDir, ctx: StageContext) -> Path | None:
-    """Rewrite the DAG's history page, ``<artifact_root>/<dag_id>/history.html``, with this run in
-    it; the page's path, or None when it was not written.  The DAG's folder is the run directory's
-    parent when the run directory is in its usual place, ``.../<dag_id>/<run_id>`` (one given
-    elsewhere with ``--run-dir`` has none).  Never fails the stage: the run's analysis is done
-    whatever happens to the page of all runs."""
-    if (run_dir.root.parent.name, run_dir.root.name) != (safe_component(ctx.dag_id), safe_component(ctx.run_id)):
-        log.info("%s is not <artifact_root>/<dag_id>/<run_id>: the DAG's history page is left alone", run_dir)
-        return None
-    try:
-        _, page = write_history(str(run_dir.root.parent.parent), ctx.dag_id)
-    except Exception as e:  # any failure (a store, a figure, the disk) loses only the page
-        log.warning("could not write the DAG's history page: %s", e, exc_info=True)
-        return None
-    log.info("history of the DAG's runs: %s", page)
-    return page
-
-
 def run(spec: JobSpec, run_dir: RunDir, ctx: StageContext) -> dict[str, Any]:
     """Analyse a finished run (:func:`analyze`), then rewrite the DAG's history page
     (:func:`refresh_history`), also when the stored result of a finished analysis is returned."""
     result = analyze(spec, run_dir, ctx)
-    refresh_history(run_dir, ctx)
+    refresh_history(run_dir, ctx.dag_id, ctx.run_id)
     return result
 
 

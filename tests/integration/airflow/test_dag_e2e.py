@@ -77,7 +77,8 @@ def test_pipeline_runs_end_to_end(local_run):
     runs = [p for p in (artifacts / "train_pipeline").iterdir() if p.is_dir()]  # beside them: history.html
     assert len(runs) == 1, log[-5000:]
     run = runs[0]
-    assert (artifacts / "train_pipeline" / "history.html").is_file()  # the DAG's history page, by analyze
+    # the DAG's history page, drawn by analyze and redrawn by promote, which marked its version
+    assert "the promoted version is v0001" in (artifacts / "train_pipeline" / "history.html").read_text()
     for stage in ("preload", "estimate", "lr_search", "train", "publish", "analyze", "promote"):
         assert (run / stage / "result.json").is_file(), f"{stage} did not finish:\n{log[-5000:]}"
     train = json.loads((run / "train" / "result.json").read_text())

@@ -17,11 +17,9 @@ from pathlib import Path
 import pytest
 
 from pipelines.__main__ import main
-from pipelines.analyze.history import collect, groups, history_path
+from pipelines.analyze.history import collect, groups, history_path, refresh_history
 from pipelines.analyze.history.page import ALTS, write_history
 from pipelines.analyze.report import figures as report_figures
-from pipelines.analyze.stage import refresh_history
-from pipelines.core.stages import StageContext
 from pipelines.stores.models import ModelStore
 from pipelines.stores.rundir import RunDir, write_json
 
@@ -209,12 +207,12 @@ def test_a_dag_without_analysed_runs_or_figures_gets_a_page_that_says_so(tmp_pat
 
 def test_the_analyze_stage_refreshes_the_page_and_never_fails_for_it(tmp_path, caplog):
     _run(tmp_path, "r1", _metrics(1, 0.8, "r1"))
-    run, ctx = RunDir.for_run(str(tmp_path), DAG, "r1"), StageContext(DAG, "r1")
-    assert refresh_history(run, ctx) == tmp_path / DAG / "history.html"
-    assert refresh_history(run, StageContext("other_dag", "r1")) is None  # not in its DAG's folder: left alone
+    run = RunDir.for_run(str(tmp_path), DAG, "r1")
+    assert refresh_history(run, DAG, "r1") == tmp_path / DAG / "history.html"
+    assert refresh_history(run, "other_dag", "r1") is None  # not in its DAG's folder: left alone
 
     (tmp_path / DAG / "history.html").unlink()
     (tmp_path / DAG / "history.html" / "in-the-way").mkdir(parents=True)  # the page cannot replace a folder
     with caplog.at_level(logging.WARNING):
-        assert refresh_history(run, ctx) is None
+        assert refresh_history(run, DAG, "r1") is None
     assert any("could not write the DAG's history page" in m for m in caplog.messages)
