@@ -127,7 +127,8 @@ def build_parser() -> argparse.ArgumentParser:
     cc = sub.add_parser("check-cluster", help="check the live cluster for a Kubernetes job: namespace, RBAC, the "
                         "artifact claim, a node for each device type, GPUs, images (needs the kubernetes client: "
                         "run it with .venv/bin/python)")
-    cc.add_argument("--spec", required=True, help="job spec: YAML/JSON file or inline JSON")
+    cc.add_argument("--spec", help="job spec: YAML/JSON file or inline JSON, deep-merged over the deployment's job "
+                    "defaults (HETERO_JOB_DEFAULTS) as a run's conf is (default: the defaults alone)")
     cc.add_argument("--pool", help="pool: YAML/JSON file or inline JSON (default: the spec's)")
     cc.add_argument("--kubeconfig", help="kubeconfig file (default: $KUBECONFIG or ~/.kube/config; without one, "
                     "the in-cluster service account)")

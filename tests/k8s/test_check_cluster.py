@@ -203,3 +203,42 @@ def test_the_operator_checks_through_the_airflow_connection(ready, pool_file, ku
     ready.set_claim("hetero-artifacts", "ml", phase="Pending")
     with pytest.raises(AirflowFailException, match=r"(?s)1 check.*'hetero-artifacts' is Pending, not Bound"):
         op.execute({"params": params})
+
+
+def test_without_a_spec_it_checks_the_deployments_job_defaults(ready, pool_file, tmp_path, monkeypatch, capsys):
+    """HETERO_JOB_DEFAULTS alone is the job of every scheduled run: check-cluster checks it, with the
+    pool path relative to the defaults file's folder; a --spec is merged over it as a run's conf."""
+    (tmp_path / "pools").mkdir()
+    (tmp_path / "pools" / "pool.json").write_text(pool_file.read_text())
+    defaults = spec_doc(Path("pools/pool.json"))
+    (tmp_path / "defaults.yaml").write_text(json.dumps(defaults))
+    monkeypatch.setenv("HETERO_JOB_DEFAULTS", str(tmp_path / "defaults.yaml"))
+    monkeypatch.chdir(ready.kubeconfig.parent)  # not the defaults' folder: the pool is found anyway
+    code = main(["check-cluster", "--kubeconfig", str(ready.kubeconfig), "--json"])
+    out, err = capsys.readouterr()
+    result = json.loads(out.strip().splitlines()[-1])
+    assert code == 0 and result["ok"], (result, err)
+    assert result["job"] == f"job defaults {tmp_path / 'defaults.yaml'} (HETERO_JOB_DEFAULTS)"
+    assert out.startswith(f"checking the job of {result['job']}\n")
+
+    # a conf over the defaults: another namespace, which this cluster lacks
+    code = main(["check-cluster", "--spec", json.dumps({"kubernetes": {"namespace": "team-b"}}),
+                 "--kubeconfig", str(ready.kubeconfig), "--json"])
+    out, err = capsys.readouterr()
+    result = json.loads(out.strip().splitlines()[-1])
+    assert code == 2 and result["namespace"] == "team-b" and "job spec " in result["job"] and " over job defaults " in result["job"]
+    assert any("team-b" in f for f in result["failures"]), result
+
+
+def test_without_a_spec_or_defaults_or_with_a_bad_default_it_exits_2_naming_the_source(ready, tmp_path, monkeypatch, capsys):
+    monkeypatch.delenv("HETERO_JOB_DEFAULTS", raising=False)
+    assert main(["check-cluster", "--kubeconfig", str(ready.kubeconfig)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["ERROR: check-cluster needs the job to check: --spec, or the deployment's job defaults file "
+                   "named by HETERO_JOB_DEFAULTS"], err
+    (tmp_path / "defaults.yaml").write_text(json.dumps({"launcher": "kubernetes", "kubernetes": {"namespace": 7}}))
+    monkeypatch.setenv("HETERO_JOB_DEFAULTS", str(tmp_path / "defaults.yaml"))
+    assert main(["check-cluster", "--kubeconfig", str(ready.kubeconfig)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("ERROR: ") and f"job defaults {tmp_path / 'defaults.yaml'} (HETERO_JOB_DEFAULTS)" in err, err
+    assert "kubernetes.namespace" in err and "Traceback" not in err, err

@@ -24,11 +24,15 @@ from decimal import Decimal
 from pathlib import Path
 from typing import Any, Protocol
 
+from pydantic import ValidationError
+
 from pipelines.errors import StageError
 from pipelines.launch.k8s.permissions import LAUNCHER_PERMISSIONS
-from pipelines.spec import JobSpec, PoolSpec, kubernetes_storage_problems, load_pool, load_spec
+from pipelines.spec import JobSpec, PoolSpec, SpecError, kubernetes_storage_problems, load_pool
 from pipelines.spec.checks import gpu_image_problems
+from pipelines.spec.defaults import ENV_JOB_DEFAULTS, deep_merge, defaults_source, describe, load_job_defaults
 from pipelines.spec.kube import parse_quantity
+from pipelines.spec.loading import format_validation_error, read_mapping
 
 __all__ = ["Check", "ClusterReader", "Forbidden", "KubeCluster", "check_cluster", "check_cluster_command",
            "cluster_report", "failure_message", "node_problem", "report_lines"]
@@ -345,14 +349,32 @@ def failure_message(result: Mapping[str, Any]) -> str:
     return "\n".join([f"the cluster is not ready for this job: {len(failures)} check(s) failed", *failures])
 
 
+def job_to_check(spec_source: str | None) -> tuple[JobSpec, str]:
+    """The job a run of this deployment gets: ``spec_source`` (a file or inline JSON; may be None)
+    deep-merged over the deployment's job defaults (``HETERO_JOB_DEFAULTS``, relative paths taken
+    from the defaults file's folder), as every run's conf is; and a phrase naming the sources.  A
+    :class:`SpecError` names the source of a bad value, or says that neither was given."""
+    defaults = load_job_defaults()  # {} without HETERO_JOB_DEFAULTS
+    source = defaults_source()
+    if spec_source is None and source is None:
+        raise SpecError(f"check-cluster needs the job to check: --spec, or the deployment's job defaults "
+                        f"file named by {ENV_JOB_DEFAULTS}")
+    given, where = read_mapping(spec_source, "job spec") if spec_source is not None else ({}, None)
+    sources = [w for w in (where and f"job spec {where}", source and describe(source)) if w]
+    try:
+        return JobSpec.model_validate(deep_merge(defaults, given)), " over ".join(sources)
+    except ValidationError as e:
+        raise SpecError(format_validation_error(e, " over ".join(sources))) from None
+
+
 def check_cluster_command(args) -> int:
     """``python -m pipelines check-cluster``: print one line a check (and with ``--json`` the result as
     the last line); exit 0 when all pass, else a :class:`StageError` listing the failures (exit 2)."""
-    spec = load_spec(args.spec)
+    spec, job = job_to_check(args.spec)
     pool = load_pool(args.pool or spec.pool)
     cluster, context = KubeCluster.connect(args.kubeconfig, args.context)
-    result = cluster_report(spec, pool, cluster, context)
-    print("\n".join(report_lines(result)), flush=True)
+    result = cluster_report(spec, pool, cluster, context) | {"job": job}
+    print("\n".join([f"checking the job of {job}", *report_lines(result)]), flush=True)
     if args.json:
         print(json.dumps(result, sort_keys=True), flush=True)
     if result["failures"]:
