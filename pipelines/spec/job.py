@@ -22,8 +22,8 @@ from pydantic import Field, WithJsonSchema, field_validator, model_validator
 
 from pipelines.spec import checks, kube
 from pipelines.spec.base import FieldError, Problem, SpecError, Strict, field_error, schema_rule
+from pipelines.spec.combining import COMBINER_DOC, Combiner, CombinerOptions
 from pipelines.spec.pool import PoolSpec
-from pipelines.train.combiners import CombinerError, resolve_combiner
 
 __all__ = ["ModelSpec", "PartitionFilter", "DatasetSpec", "TrainingSpec", "PromotionSpec", "EstimateSpec",
            "KubernetesSpec", "JobSpec", "job_schema", "kubernetes_storage_problems", "check_kubernetes"]
@@ -172,12 +172,8 @@ class TrainingSpec(Strict):
     max_staleness: int = Field(
         4, ge=0, le=1000, description="update_mode bounded: the most parameter changes an applied update may lag."
     )
-    combiner: str = Field(
-        "plain",
-        description='How a parameter server merges an update: "plain" (as it is), "staleness_aware" (its gradient '
-        'weighed by 1 / (1 + its staleness)), "window_average" (the sample-weighted mean of combine_window updates) or '
-        '"package.module:function" (a factory, see pipelines/train/combiners.py). Checked before any work starts.',
-    )
+    combiner: Combiner = Field("plain", description=COMBINER_DOC)
+    combiner_options: CombinerOptions = Field(default_factory=dict)  # after combiner: its check needs the name
     combine_window: int = Field(4, ge=1, le=1000, description="combiner window_average: updates per applied mean.")
     async_momentum: float = Field(
         0.9, ge=0, lt=1,
@@ -188,15 +184,6 @@ class TrainingSpec(Strict):
     parameter_servers: int = Field(
         1, ge=1, le=16, description="Parameter-server strategy: how many servers the variables are sharded over."
     )
-
-    @field_validator("combiner")
-    @classmethod
-    def _combiner(cls, v: str) -> str:
-        try:
-            resolve_combiner(v, strict=False)
-        except CombinerError as e:
-            raise field_error(str(e)) from None
-        return v
 
     @field_validator("global_batch")
     @classmethod

@@ -23,7 +23,7 @@ from pipelines.data.reader import epoch_permutation
 from pipelines.models import build_model
 from pipelines.sync.balance import compute_shares, scaled_learning_rate, scheduled_lr
 from pipelines.train.checkpoints import Checkpoints
-from pipelines.train.combiners import check_combine, resolve_combiner
+from pipelines.train.combiners import make_combiner
 from pipelines.train.ps_cluster import (
     ParameterServerLost,
     strategy,
@@ -74,9 +74,8 @@ class Chief(TrainingRun):
             self.model = build_model(job.spec.model.name, job.shape, job.spec.dataset.num_classes, job.spec.model.kwargs)
         self.momentum = server_momentum(t, self.workers)
         self.server = server = Server(self.strategy, self.model, t.optimizer, self.momentum)
-        options = {"window": t.combine_window, "max_staleness": t.max_staleness}
         try:
-            self.combine = check_combine(t.combiner, resolve_combiner(t.combiner)(server, options))
+            self.combine = make_combiner(server, t, self.workers)
         except ValueError as e:
             raise TrainingError(f"training.combiner: {e}") from None
         self.update = build_update(server, self.model, self.combine, self.mode, t.max_staleness, job.mean, job.std)

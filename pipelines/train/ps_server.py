@@ -12,8 +12,9 @@ Where things run:
   optimizers run for these rules, so the arithmetic is theirs, not a copy written here.
 
 A worker's update (:func:`build_update`) reads the parameter version, computes its gradients on the
-parameters it pulls, measures its staleness τ (parameter changes since it read the version), and
-hands the update to the combiner (``pipelines.train.combiners``) unless the mode refuses it:
+parameters it pulls (copying them for itself on the servers when the combiner asked for them,
+:meth:`Server.keep_reads`), measures its staleness τ (parameter changes since it read the version),
+and hands the update to the combiner (``pipelines.train.combiners``) unless the mode refuses it:
 
 - ``async`` with a lock-free combiner (``plain``, ``staleness_aware``): **no global lock**.  The
   update claims the next version with one atomic ``assign_add`` on the counter (so τ is the
@@ -50,6 +51,8 @@ class Update(NamedTuple):
     staleness: Any  # int64: parameter changes since the worker read the parameters
     samples: Any  # float32: rows the gradients were computed on
     worker: Any  # int64: the worker's index (-1: a sync round's aggregate)
+    version: Any = None  # int64: the parameter version the worker read
+    read: Any = None  # aligned with Server.variables: the parameters the worker read (Server.keep_reads), or None
 
 
 def _tf():
@@ -125,6 +128,8 @@ class Server:
                 self.slots[slot] = zeros_beside(strategy, self.variables, slot)
             self.iterations = tf.Variable(0, dtype=tf.int64, trainable=False, name="server_iterations")
             self.accumulators: dict[str, Accumulator] = {}
+        self.state: dict[str, list] = {}  # a combiner's own variables (zeros()), checkpointed
+        self.reads: list | None = None  # per parameter, each worker's copy of what it read (keep_reads())
         self.locked = True  # updates run under self.lock (build_update says when they do not)
         with tf.device(self.version.device):
             self.lock = tf.CriticalSection(name="parameter_lock")  # combiners that need one
@@ -136,6 +141,60 @@ class Server:
             with self.strategy.scope():
                 self.accumulators[name] = Accumulator(self.strategy, self.variables, name)
         return self.accumulators[name]
+
+    def zeros(self, name: str) -> list:
+        """Named zero variables beside the parameters, one per variable, saved in checkpoints: a
+        combiner's own state (created once, before training: call it from a combiner's factory)."""
+        if name not in self.state:
+            with self.strategy.scope():
+                self.state[name] = zeros_beside(self.strategy, self.variables, name)
+        return self.state[name]
+
+    def keep_reads(self, workers: int) -> None:
+        """Make every update carry the parameters its worker read (``Update.read``; DC-ASGD's
+        ``w_bak``): beside each parameter, a variable of ``workers`` copies of it, into which an
+        update copies the parameters for its worker as it reads them (call it from a factory).
+
+        Why this way: the worker could send what it read along with its gradient, but that doubles
+        what every update sends over the network; a ring of the last versions' parameters must
+        hold as many versions as an update may lag, which async mode does not bound.  The copy is
+        made on the server that holds the variable (only the worker's index travels), is exact
+        however stale the update, and costs ``workers`` × the model's parameters of the servers'
+        memory and one copy of the parameters per update there.  A worker runs one update at a
+        time (the coordinator waits for its result before giving it the next), so its copy is not
+        overwritten before its update is combined.  Not checkpointed: no update outlives a restart."""
+        tf = _tf()
+        if self.reads is None:
+            with self.strategy.scope():
+                self.reads = []
+                for v in self.variables:
+                    with self.strategy.extended.colocate_vars_with(v):
+                        self.reads.append(tf.Variable(tf.zeros((max(1, int(workers)), *v.shape), v.dtype),
+                                                      trainable=False, name="read_by_worker"))
+
+    def copy_reads(self, worker):
+        """Copy the parameters into ``worker``'s slot of :meth:`keep_reads` (on their servers);
+        a no-op without it."""
+        tf = _tf()
+        if self.reads is None:
+            return tf.no_op()
+        index = tf.reshape(tf.cast(worker, tf.int32), [1])
+        ops = []
+        for v, r in zip(self.variables, self.reads, strict=True):
+            with tf.device(v.device):
+                ops.append(r.scatter_update(tf.IndexedSlices(v.read_value()[None], index)))
+        return tf.group(*ops)
+
+    def read_by(self, worker) -> list | None:
+        """What ``worker`` read, as :meth:`copy_reads` copied it (None without :meth:`keep_reads`)."""
+        tf = _tf()
+        if self.reads is None:
+            return None
+        out = []
+        for v, r in zip(self.variables, self.reads, strict=True):
+            with tf.device(v.device):
+                out.append(tf.gather(r, tf.cast(worker, tf.int32)))
+        return out
 
     def apply(self, gradients, learning_rate, gradient_scale=None):
         """One optimizer step with ``gradients`` at ``learning_rate``, each variable's by one fused
@@ -195,6 +254,8 @@ class Server:
         items: dict[str, Any] = {"parameter_version": self.version, "server_iterations": self.iterations}
         for name, slot in self.slots.items():
             items.update({f"slot_{name}_{i}": v for i, v in enumerate(slot)})
+        for name, state in self.state.items():
+            items.update({f"state_{name}_{i}": v for i, v in enumerate(state)})
         for name, acc in self.accumulators.items():
             items.update({f"acc_{name}_{i}": v for i, v in enumerate(acc.sums)})
             items.update({f"acc_{name}_weight": acc.weight, f"acc_{name}_count": acc.updates})
@@ -207,7 +268,7 @@ class Server:
         changed = tf.cond(admit, lambda: tf.cast(combine(update), tf.bool), lambda: tf.constant(False))
         return tf.cond(changed, lambda: self.version.assign_add(1), self.version.read_value)
 
-    def claimed(self, combine, read, gradients, learning_rate, samples, worker):
+    def claimed(self, combine, read, gradients, learning_rate, samples, worker, parameters=None):
         """Without the global lock (a lock-free combiner in async mode): claim the next version
         (an add and a read in the counters' critical section, nothing else), so τ = the claimed
         version - 1 - ``read``, then combine; returns (the claimed version, τ).  Every update
@@ -226,7 +287,7 @@ class Server:
         with tf.control_dependencies(gradients):
             version = self.counter_lock.execute(claim)
         tau = version - 1 - read
-        changed = combine(Update(gradients, learning_rate, tau, samples, worker))
+        changed = combine(Update(gradients, learning_rate, tau, samples, worker, read, parameters))
         with tf.control_dependencies([changed]):
             return tf.identity(version), tf.identity(tau)
 
@@ -236,7 +297,8 @@ class Server:
         acc = self.accumulator("round")
 
         def critical():
-            update = Update(acc.mean(), learning_rate, tf.constant(0, tf.int64), acc.total_weight(), tf.constant(-1, tf.int64))
+            update = Update(acc.mean(), learning_rate, tf.constant(0, tf.int64), acc.total_weight(),
+                            tf.constant(-1, tf.int64), self.version.read_value())
             version = self.combined(combine, update, acc.count() > 0)
             with tf.control_dependencies([version]):
                 return tf.identity(version), acc.reset()
@@ -263,14 +325,18 @@ def build_update(server: Server, model, combine, mode: str, max_staleness: int, 
     def replica(x, y, lr):
         t0 = tf.timestamp()
         read = server.version.read_value()
+        worker = tf.distribute.coordinator.experimental_get_current_worker_index()
         with tf.control_dependencies([read]):  # the parameters are pulled after the version is read
+            copied = server.copy_reads(worker) if round_acc is None else tf.no_op()  # Server.keep_reads's copy
             with tf.GradientTape() as tape:
                 logits = model((x - mean) / std, training=True)
                 n = tf.cast(tf.shape(y)[0], tf.float32)
                 loss = loss_fn(y, logits) / n
             grads = tape.gradient(loss, server.variables)
         correct = tf.reduce_sum(tf.cast(tf.equal(tf.argmax(logits, -1, output_type=tf.int32), y), tf.float32))
-        worker = tf.distribute.coordinator.experimental_get_current_worker_index()
+        if server.reads is not None:
+            with tf.control_dependencies([copied]):  # the copy is made before the update is combined
+                grads = [tf.identity(g) for g in grads]
         with tf.control_dependencies(grads):
             t1 = tf.timestamp()
 
@@ -280,10 +346,11 @@ def build_update(server: Server, model, combine, mode: str, max_staleness: int, 
                 with tf.control_dependencies([round_acc.add(grads, n)]):
                     return tf.constant(True), server.version.read_value(), tau
             admit = tau <= max_staleness if mode == "bounded" else tf.constant(True)
-            return admit, server.combined(combine, Update(grads, lr, tau, n, worker), admit), tau
+            update = Update(grads, lr, tau, n, worker, read, server.read_by(worker))
+            return admit, server.combined(combine, update, admit), tau
 
         if unlocked:
-            version, tau = server.claimed(combine, read, grads, lr, n, worker)
+            version, tau = server.claimed(combine, read, grads, lr, n, worker, server.read_by(worker))
             admitted = tf.constant(True)
         else:  # the lock is taken once the gradients exist: taken any earlier, it would be held
             with tf.control_dependencies(grads):  # while they are computed, one worker at a time

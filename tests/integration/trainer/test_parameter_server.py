@@ -209,3 +209,21 @@ def test_the_optimizer_step_runs_on_the_server_that_holds_each_shard(optimizer):
     assert out["record"]["version"] == 1 and out["record"]["staleness"] == 0
     assert out["moved"] > 1e-3
     assert out["max_error"] < (1e-6 if optimizer == "sgd" else 2e-3), out["max_error"]  # Adam: its epsilon
+
+
+def test_dc_asgd_trains_with_its_updates_compensated_under_the_lock(tmp_path):
+    """Every update runs under the lock and is compensated by what changed since its worker read
+    (the exact arithmetic: tests/unit/train/test_dc_asgd.py)."""
+    run = ps_run(tmp_path, rows=960, epochs=3, update_mode="async", combiner="dc_asgd",
+                 combiner_options={"lambda": 0.04})
+    result, _ = start(run, workers=(FAST, FAST))
+    assert result.returncode == 0, result.message
+    s = summary(run)
+    ps = s["parameter_server"]
+    assert ps["combiner"] == "dc_asgd" and ps["update_mode"] == "async"
+    log = updates(run)
+    assert {u["worker"] for u in log} == {0, 1} and all(u["applied"] for u in log)
+    assert sum(u["samples"] for u in log) == 3 * 960  # every row, every epoch, once
+    assert sorted(u["version"] for u in log) == list(range(1, len(log) + 1))  # one change per update
+    assert ps["max_staleness_seen"] >= 1  # workers overlap: stale updates to compensate
+    assert s["history"][-1]["loss"] < s["history"][0]["loss"], [h["loss"] for h in s["history"]]
