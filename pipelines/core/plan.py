@@ -133,3 +133,16 @@ def plan_strategy(spec: JobSpec, plan: dict[str, Any] | None) -> str:
     if strategy == "auto":
         strategy = (plan or {}).get("strategy") or "horovod"
     return strategy
+
+
+def planned_step_s(plan: dict[str, Any] | None) -> float | None:
+    """The plan's time per step: its predicted steps' time as corrected by earlier runs
+    (``timing.parts.steps`` over ``steps_per_epoch × epochs``), else ``predicted_step_s``; None
+    without a plan or a prediction (a default plan)."""
+    plan = plan or {}
+    steps = (plan.get("timing") or {}).get("parts", {}).get("steps")
+    total = int(plan.get("steps_per_epoch") or 0) * int(plan.get("epochs") or 0)
+    if isinstance(steps, int | float) and total > 0:
+        return float(steps) / total
+    value = plan.get("predicted_step_s")
+    return float(value) if isinstance(value, int | float) else None

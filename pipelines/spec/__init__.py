@@ -1,7 +1,8 @@
 """The job specification and the device pool, validated once, up front.
 
 The package's rooms: :mod:`~pipelines.spec.job` (the job model and its JSON schema, which the
-Airflow trigger form uses), :mod:`~pipelines.spec.pool` (the pool model), :mod:`~pipelines.spec.loading`
+Airflow trigger form uses), :mod:`~pipelines.spec.pool` (the pool model),
+:mod:`~pipelines.spec.progress` (the ``progress`` section), :mod:`~pipelines.spec.loading`
 (reading specs, pools and plans, error messages), :mod:`~pipelines.spec.checks` (where a job's files
 may live, the pods' images), :mod:`~pipelines.spec.kube` (the Kubernetes API's rules for names,
 quantities and images), :mod:`~pipelines.spec.uris` (remote URIs, credentials, redaction) and
@@ -32,6 +33,7 @@ from pipelines.spec.loading import (
     read_mapping,
 )
 from pipelines.spec.pool import DeviceType, KubernetesDevice, LocalDevice, PoolSpec
+from pipelines.spec.progress import ProgressSpec
 
 __all__ = [
     "SpecError",
@@ -44,6 +46,7 @@ __all__ = [
     "PromotionSpec",
     "EstimateSpec",
     "KubernetesSpec",
+    "ProgressSpec",
     "PoolSpec",
     "DeviceType",
     "LocalDevice",

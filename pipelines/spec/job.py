@@ -24,6 +24,7 @@ from pipelines.spec import checks, kube
 from pipelines.spec.base import FieldError, Problem, SpecError, Strict, field_error, schema_rule
 from pipelines.spec.combining import COMBINER_DOC, Combiner, CombinerOptions
 from pipelines.spec.pool import PoolSpec
+from pipelines.spec.progress import ProgressSpec
 
 __all__ = ["ModelSpec", "PartitionFilter", "DatasetSpec", "TrainingSpec", "PromotionSpec", "EstimateSpec",
            "KubernetesSpec", "JobSpec", "job_schema", "kubernetes_storage_problems", "check_kubernetes"]
@@ -403,6 +404,7 @@ class JobSpec(Strict):
     )
     promotion: PromotionSpec = Field(default_factory=PromotionSpec)
     estimate: EstimateSpec = Field(default_factory=EstimateSpec)
+    progress: ProgressSpec = Field(default_factory=ProgressSpec)
 
     @field_validator("artifact_root")
     @classmethod

@@ -108,6 +108,7 @@ class Chief(TrainingRun):
         self.timings["startup_s"] = time.time() - began
         self.events.histograms(self.step, self.model.trainable_variables)
         self.started = self.window_t0 = time.perf_counter()
+        self.start_progress(self.step)
         try:
             for epoch in range(int(ckpt.epoch.numpy()), job.epochs):
                 order = epoch_permutation(n, t.seed, epoch)
@@ -254,6 +255,7 @@ class Chief(TrainingRun):
         self.history.append(record)
         self.last = (record["loss"], record["accuracy"])
         self.events.write(self.step, record)
+        self.report_progress(record, self.total_steps)
         with self.events.writer.as_default(step=self.step):
             self.tf.summary.scalar("parameter_server/staleness_mean", record["staleness_mean"])
             for w in range(self.workers):

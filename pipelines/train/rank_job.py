@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pipelines.core.plan import load_plan, plan_path
+from pipelines.core.plan import load_plan, plan_path, planned_step_s
 from pipelines.data.reader import open_split
 from pipelines.errors import EXIT_DIVERGED, StageError
 from pipelines.launch.cgroups import cpu_quota_cores, own_cpu_group
@@ -61,6 +61,7 @@ class TrainJob:
     std: float
     placement: Placement
     base_lr: float  # at the global batch (linear scaling rule)
+    planned_step_s: float | None = None  # the plan's time per step (pipelines.core.plan.planned_step_s)
 
 
 def load_job(args: argparse.Namespace, size: int) -> TrainJob:
@@ -72,7 +73,8 @@ def load_job(args: argparse.Namespace, size: int) -> TrainJob:
     preload = run_dir.read_result("preload")
     x, y = open_split(preload, "train")  # left mapped: ranks share the page cache
     t = spec.training
-    placement = place(read_plan(args.plan, run_dir), size, args.global_batch, t.global_batch)
+    plan = read_plan(args.plan, run_dir)
+    placement = place(plan, size, args.global_batch, t.global_batch)
     return TrainJob(
         spec=spec,
         run_dir=run_dir,
@@ -85,6 +87,7 @@ def load_job(args: argparse.Namespace, size: int) -> TrainJob:
         std=float(preload.get("feature_std", 1.0)) or 1.0,
         placement=placement,
         base_lr=base_learning_rate(t, run_dir, placement.global_batch),
+        planned_step_s=planned_step_s(plan),
     )
 
 

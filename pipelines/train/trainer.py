@@ -121,6 +121,7 @@ class Trainer(TrainingRun):
             self.events.histograms(step, self.model.trainable_variables)
             self.events.activations(step, self.model, self.probe)
         self.met = time.perf_counter()
+        self.start_progress(step)
         try:
             for epoch in range(int(ckpt.epoch.numpy()), job.epochs):
                 order, pos = epoch_permutation(n, t.seed, epoch), int(ckpt.pos.numpy())
@@ -199,6 +200,7 @@ class Trainer(TrainingRun):
         self.last = (window.loss, window.accuracy)
         if self.events is not None:
             self.events.write(step, record)
+        self.report_progress(record, self.total_steps, end_of_epoch)  # rank 0: a progress line, now and then
         if not self.args.no_balance and self.rebalancer.due(end_of_epoch):
             rates = figs[:, RATE].tolist()
             new = self.rebalancer.decide(self.batches, rates, step, epoch)

@@ -13,8 +13,10 @@ from __future__ import annotations
 import argparse
 import logging
 import math
+import time
 from typing import Any
 
+from pipelines.core.progress import PRINT_EVERY_S, progress_line
 from pipelines.train.events import EventWriter
 from pipelines.train.export import export_saved_model, save_weights
 from pipelines.train.rank_job import TrainJob
@@ -45,6 +47,8 @@ class TrainingRun:
         self.probe = None  # the fixed rows whose activations the events record (Horovod rank 0)
         # Where the run's time went before the loop (pipelines.stores.run_records.actual_parts reads them).
         self.timings: dict[str, float] = {"startup_s": 0.0, "calibration_s": 0.0}
+        self.loop_began = 0.0  # time.monotonic() when the loop began (start_progress)
+        self.progress_mark: tuple[float, int] | None = None  # (time.monotonic(), step) of the last progress line
 
     def resume(self) -> int | None:
         """Restore the newest checkpoint (every process reads the same one from the shared run
@@ -57,6 +61,30 @@ class TrainingRun:
         if self.writes:
             log.info("resumed from %s at step %d (epoch %d)", latest, step, int(ckpt.epoch.numpy()))
         return step
+
+    def start_progress(self, step: int) -> None:
+        """The loop begins at ``step``: the progress lines' time and pace count from here."""
+        self.loop_began = time.monotonic()
+        self.progress_mark = (self.loop_began, step)
+
+    def report_progress(self, record: dict[str, Any], total_steps: int, end_of_epoch: bool = False) -> None:
+        """After a window (``record``), where this process writes: the progress line
+        (:func:`pipelines.core.progress.progress_line`) at the first window, at an epoch's end and
+        otherwise at most every ``PRINT_EVERY_S`` seconds.  One log line per window at most, so
+        the loop is not slowed."""
+        if not self.writes or self.progress_mark is None:
+            return
+        now, (then, from_step) = time.monotonic(), self.progress_mark
+        if not (end_of_epoch or len(self.history) <= 1 or now - then >= PRINT_EVERY_S):
+            return
+        step = int(record["step"])
+        self.progress_mark = (now, step)
+        log.info("%s", progress_line({
+            "step": step, "total_steps": total_steps, "epoch": record["epoch"], "epochs": self.job.epochs,
+            "loss": record["loss"], "samples_per_sec": sum(record["samples"]) / max(record["seconds"], 1e-9),
+            "step_s": (now - then) / (step - from_step) if step > from_step else None,
+            "planned_step_s": self.job.planned_step_s, "elapsed_s": round(now - self.loop_began, 3),
+        }))
 
     def warm_start(self) -> None:
         """With ``training.warm_start``, the promoted version's weights (pipelines.train.warm)."""

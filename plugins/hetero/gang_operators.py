@@ -51,6 +51,8 @@ class GangJobOperator(RunnerOperator):
         and ``in_cluster``, ``config_file``, ``cluster_context`` as ``KubernetesHook`` takes them.
     :param poll_interval: seconds between status polls.
     :param log_tail_lines: log lines of a failed pod quoted in the error.
+    :param logging_interval: seconds between the lead's progress lines in the task log and, deferred,
+        between the trigger's copies of its new log lines (default: the spec's ``progress.interval_s``).
     :param deferrable: create the pods, then hand the wait to the triggerer
         (:class:`hetero.triggers.GangTrigger`) and resume in ``execute_complete``, instead of
         polling in the worker.
@@ -72,6 +74,7 @@ class GangJobOperator(RunnerOperator):
         cluster_context: str | None = None,
         poll_interval: float = 5.0,
         log_tail_lines: int = 40,
+        logging_interval: float | None = None,
         fresh: bool = False,
         deferrable: bool = False,
         **kwargs: Any,
@@ -80,7 +83,7 @@ class GangJobOperator(RunnerOperator):
         self.spec_json, self.plan, self.run_dir, self.pool = spec_json, plan, run_dir, pool
         self.kubernetes_conn_id, self.in_cluster = kubernetes_conn_id, in_cluster
         self.config_file, self.cluster_context = config_file, cluster_context
-        self.poll_interval, self.log_tail_lines = poll_interval, log_tail_lines
+        self.poll_interval, self.log_tail_lines, self.logging_interval = poll_interval, log_tail_lines, logging_interval
         self.fresh, self.deferrable = fresh, deferrable
 
     def job(self, spec: JobSpec) -> GangJob:
@@ -96,7 +99,8 @@ class GangJobOperator(RunnerOperator):
         connection = Connection(self.kubernetes_conn_id or spec.kubernetes.kubernetes_conn_id, self.in_cluster,
                                 self.config_file, self.cluster_context)
         return GangRunner(self.job(spec), spec, deferrable=self.deferrable, poll_interval=self.poll_interval,
-                          log_tail_lines=self.log_tail_lines, connection=connection, log=self.log)
+                          log_tail_lines=self.log_tail_lines, logging_interval=self.logging_interval,
+                          connection=connection, log=self.log)
 
 
 class HorovodJobOperator(GangJobOperator):

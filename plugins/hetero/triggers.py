@@ -4,9 +4,15 @@ A deferrable gang (:class:`hetero.runners.gang_runner.GangRunner`) creates or re
 of its try, then defers to :class:`GangTrigger`.  The trigger polls the pods with the gang
 manager's own decision step (:meth:`hetero.kube.gang_manager.GangManager.poll`, the synchronous
 Kubernetes client run in a thread) until the gang is done, a pod failed, one could not start in
-time or one disappeared, and yields one event.  The task resumes in its ``execute_complete``
-(:meth:`hetero.kube.gang_manager.GangManager.resume`): it reads the lead's result line (or
-re-raises the gang's error, same type and message), and deletes the pods and the Service.  The
+time or one disappeared, and yields one event.  Meanwhile, every ``logging_interval`` seconds
+(the spec's ``progress.interval_s``), it copies the lead's new log lines, and its newest progress
+line for people (:mod:`pipelines.core.progress`), into its own log, which Airflow 3 writes beside
+the task's log and shows in it (the triggerer's per-trigger log file, ``<task log>.trigger.<id>.log``,
+read back with the task's log): the provider's ``KubernetesPodTrigger`` streams a pod's log with its
+``logging_interval`` the same way.  The task resumes in its ``execute_complete``
+(:meth:`hetero.kube.gang_manager.GangManager.resume`): it copies the lines after the trigger's last
+copy (the event's ``last_log_time``), reads the lead's result line (or re-raises the gang's error,
+same type and message), and deletes the pods and the Service.  The
 kind of gang (:mod:`hetero.kube.gang_kinds`) decides when it is done: every rank of a Horovod job,
 the chief of a parameter-server job.  This module imports the Kubernetes layer (``hetero.kube``)
 only.  See docs/ARCHITECTURE.md, "Launchers" and "Failure rules".
@@ -15,6 +21,7 @@ only.  See docs/ARCHITECTURE.md, "Launchers" and "Failure rules".
 from __future__ import annotations
 
 import asyncio
+import math
 import time
 from collections.abc import AsyncIterator
 from typing import Any
@@ -45,6 +52,10 @@ class GangTrigger(BaseTrigger):
     :param kind: the gang's kind (:func:`hetero.kube.gang_kinds.kind_named`), e.g. ``horovod``
         (every pod must succeed) or ``parameter_server`` (the chief decides; the success event
         lists the workers the job went on without as ``lost``).  Every event carries it.
+    :param logging_interval: seconds between copies of the lead's new log lines (and its newest
+        progress line) into the trigger's log, which Airflow shows in the task's; None: none are
+        copied while waiting, and the resumed task writes the lead's last lines.  With it, every
+        event carries ``last_log_time``, the time of the last line copied.
     """
 
     def __init__(
@@ -63,9 +74,11 @@ class GangTrigger(BaseTrigger):
         config_file: str | None = None,
         cluster_context: str | None = None,
         kind: str = "horovod",
+        logging_interval: float | None = None,
     ) -> None:
         super().__init__()
         self.kind = kind
+        self.logging_interval = logging_interval
         self.namespace = namespace
         self.identity = dict(identity)
         self.pod_names = list(pod_names)
@@ -95,6 +108,7 @@ class GangTrigger(BaseTrigger):
             "config_file": self.config_file,
             "cluster_context": self.cluster_context,
             "kind": self.kind,
+            "logging_interval": self.logging_interval,
         }
 
     def make_manager(self) -> GangManager:
@@ -112,7 +126,7 @@ class GangTrigger(BaseTrigger):
             log_tail_lines=self.log_tail_lines,
             log=self.log,
             clock=time.time,  # the wait began in another process: wall-clock time
-            stream_logs=False,  # the task log gets the lead's last lines when the task resumes
+            stream_logs=False,  # copied every logging_interval by outcome(), not at every poll
         )
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
@@ -131,15 +145,38 @@ class GangTrigger(BaseTrigger):
         await asyncio.to_thread(manager.kill)
 
     async def outcome(self) -> dict[str, Any]:
-        """Poll until the gang's fate is known; the event payload."""
+        """Poll until the gang's fate is known, copying the lead's new lines every
+        ``logging_interval``; the event payload."""
+        manager = None
         try:
             manager = await asyncio.to_thread(self.make_manager)
             watch = manager.watch(self.started_at, self.pod_names)
+            copy_at = time.time() + self.logging_interval if self.logging_interval else math.inf
             while True:
                 pods = await asyncio.to_thread(manager.poll, watch)
                 if pods is not None:
                     return {"status": "success", "pods": [pods[r].metadata.name for r in sorted(pods)],
-                            "seconds": round(time.time() - self.started_at, 3), "lost": list(watch.lost.values())}
-                await asyncio.sleep(self.poll_interval)
+                            "seconds": round(time.time() - self.started_at, 3), "lost": list(watch.lost.values()),
+                            **self.copied(manager)}
+                if time.time() >= copy_at:
+                    await asyncio.to_thread(self.copy_new_lines, manager)
+                    copy_at = time.time() + self.logging_interval
+                await asyncio.sleep(min(self.poll_interval, max(0.0, copy_at - time.time())))  # copies keep time
         except Exception as exc:  # the gang's errors and API errors alike end the wait
-            return error_event(exc)
+            return {**error_event(exc), **self.copied(manager)}
+
+    def copy_new_lines(self, manager: GangManager) -> None:
+        """The lead's lines since the last copy, and its newest progress line, into this trigger's
+        log (blocking: called in a thread).  Logs are best effort: a failed read ends nothing."""
+        try:
+            pods = manager.this_try_pods()
+            if 0 in pods:
+                manager.logs.stream(pods[0])
+                manager.logs.progress.report(force=True)
+        except Exception as e:  # the next poll decides whether the gang is in trouble
+            self.log.debug("Copying %s's new lines failed: %s", manager.kind.lead, e)
+
+    def copied(self, manager: GangManager | None) -> dict[str, Any]:
+        """``{"last_log_time": ...}``: where the resumed task's copy of the lead's lines starts."""
+        when = manager.logs.last_copied() if manager is not None and self.logging_interval else None
+        return {"last_log_time": when} if when else {}

@@ -1,6 +1,7 @@
 """The deferrable train gang on the test cluster (tests/cluster), through the real ``kubernetes``
 client: ``execute`` creates the rank pods and defers, :class:`hetero.triggers.GangTrigger` waits for
-them, ``execute_complete`` returns rank 0's result (or raises the rank's error) and deletes
+them (copying rank 0's new lines and progress into its log every ``logging_interval``, before the
+task resumes), ``execute_complete`` returns rank 0's result (or raises the rank's error) and deletes
 everything; a stage pod in the provider's deferrable mode returns its result line.  The pods run
 short Python commands instead of the trainer and the stage."""
 
@@ -44,8 +45,10 @@ def rank_code(rank: int, fail: bool) -> str:
     return "import time; time.sleep(1); print('rank 1 done')"
 
 
-def make_operator(tmp_path, conn: str, *, fail: bool = False) -> HorovodJobOperator:
-    """A deferrable operator whose rank pods run :func:`rank_code` instead of the trainer."""
+def make_operator(tmp_path, conn: str, *, fail: bool = False, codes: dict[int, str] | None = None,
+                  **kwargs) -> HorovodJobOperator:
+    """A deferrable operator whose rank pods run :func:`rank_code` (or ``codes[rank]``) instead of
+    the trainer; ``kwargs`` go to the operator."""
     pool = tmp_path / "pool.yaml"
     pool.write_text(yaml.safe_dump(POOL))
     spec = {"dataset": {"uri": "/mnt/artifacts/data"}, "pool": str(pool), "launcher": "kubernetes",
@@ -53,7 +56,7 @@ def make_operator(tmp_path, conn: str, *, fail: bool = False) -> HorovodJobOpera
             "kubernetes": {"namespace": "default", "artifact_volume_claim": "artifacts", "kubernetes_conn_id": conn,
                            "scheduling_timeout_s": 30, "image_pull_timeout_s": 30}}
     op = HorovodJobOperator(task_id="train", spec_json=json.dumps(spec), plan=json.dumps(PLAN),
-                            poll_interval=0.3, deferrable=True)
+                            poll_interval=0.3, deferrable=True, **kwargs)
     op.log_lines = ListLog()
     make_runner = op.make_runner
 
@@ -66,7 +69,8 @@ def make_operator(tmp_path, conn: str, *, fail: bool = False) -> HorovodJobOpera
             service, pods = build(identity)
             for pod in pods:
                 container = pod.spec.containers[0]
-                container.command = ["python", "-c", rank_code(int(pod.metadata.labels["rank"]), fail)]
+                r = int(pod.metadata.labels["rank"])
+                container.command = ["python", "-c", (codes or {}).get(r) or rank_code(r, fail)]
                 container.args = None
             return service, pods
 
@@ -111,6 +115,53 @@ def test_a_deferred_gang_returns_rank_0s_result_and_deletes_everything(tmp_path,
     result = op.execute_complete(context, event)
     assert result == {**RESULT, "launcher_seconds": event["seconds"]}
     assert "[rank 0] rank 0 trains" in op.log_lines.lines  # rank 0's last lines in the task log
+    assert_all_gone(kube)
+
+
+def test_rank_0s_new_lines_and_progress_reach_the_log_while_the_gang_runs(tmp_path, cluster, kube, kube_conn, capsys):
+    """With ``logging_interval`` the trigger writes rank 0's lines and its progress into its log (which
+    Airflow 3 shows in the task's) as it trains; the resumed task copies only the rest."""
+    from pipelines.core.progress import progress_line
+
+    release = cluster.claim_path("artifacts") / "release-progress"  # rank 0 trains until the file appears
+    release.unlink(missing_ok=True)
+    record = {"step": 30, "total_steps": 100, "epoch": 0, "epochs": 2, "loss": 0.5, "samples_per_sec": 480.0,
+              "step_s": 0.1, "planned_step_s": 0.08, "elapsed_s": 3.0}
+    rank0 = (f"import os, time; print('rank 0 trains', flush=True); print({progress_line(record)!r}, flush=True)\n"
+             "while not os.path.exists('/mnt/artifacts/release-progress'): time.sleep(0.05)\n"
+             f"print('rank 0 done'); print({json.dumps(RESULT)!r})")
+    op = make_operator(tmp_path, kube_conn, codes={0: rank0}, logging_interval=1)
+    context = make_context(dag_id="cluster_test", run_id="manual__progress")
+    trigger = defer(op, context)
+    assert trigger.logging_interval == 1 and trigger.serialize()[1]["logging_interval"] == 1
+    progress = ("[rank 0] progress: step 30/100 (30.0%), epoch 1/2, loss 0.5000, 480 samples/s; 5.60 s left by the "
+                "plan (0.08 s/step planned), 7.00 s at the measured 0.10 s/step, 3.00 s so far")
+    trigger_log = []  # what the trigger logged (Airflow's structured logger writes to standard output)
+
+    async def wait_then_release() -> dict:
+        waiting = asyncio.ensure_future(anext(trigger.run()))
+        deadline = asyncio.get_running_loop().time() + 60
+        while progress not in "".join(trigger_log):  # copied by the trigger while rank 0 still trains
+            assert not waiting.done(), f"the trigger fired before any progress line:\n{''.join(trigger_log)}"
+            assert asyncio.get_running_loop().time() < deadline, f"no progress line:\n{''.join(trigger_log)}"
+            await asyncio.sleep(0.05)
+            trigger_log.append(capsys.readouterr().out)
+        assert "[rank 0] rank 0 trains" in "".join(trigger_log) and "rank 0 done" not in "".join(trigger_log)
+        release.touch()
+        return (await asyncio.wait_for(waiting, timeout=60)).payload
+
+    try:
+        event = asyncio.run(wait_then_release())
+    except BaseException:
+        release.touch()
+        trigger.fired = False
+        asyncio.run(trigger.on_kill())  # the next tests need an empty cluster
+        raise
+    assert event["status"] == "success" and event["last_log_time"]
+    assert op.execute_complete(context, event) == {**RESULT, "launcher_seconds": event["seconds"]}
+    # the resumed task writes what the trigger had not: no line twice, no machine-readable line
+    assert "[rank 0] rank 0 done" in op.log_lines.lines and "[rank 0] rank 0 trains" not in op.log_lines.lines
+    assert not any("HETERO_PROGRESS" in line for line in [*trigger_log, *op.log_lines.lines])
     assert_all_gone(kube)
 
 

@@ -89,6 +89,24 @@ def test_all_ranks_start_and_succeed(spec_doc, mixed_plan):
     assert_all_gone(fake)
 
 
+def test_rank_0s_progress_lines_reach_the_task_log_as_one_line_for_people(spec_doc, mixed_plan):
+    from pipelines.core.progress import MARKER, progress_line
+
+    fake = FakeCoreV1()
+    record = {"step": 20, "total_steps": 40, "epoch": 0, "epochs": 2, "loss": 2.0465, "samples_per_sec": 700.0,
+              "step_s": 0.2, "planned_step_s": 0.15, "elapsed_s": 4.0}
+    fake.logs[0][3:3] = [f"2026-01-01 00:00:12,300 INFO rank0: {progress_line(dict(record, step=10))}",
+                         f"2026-01-01 00:00:15,660 INFO rank0: {progress_line(record)}"]
+    op = make_operator(spec_doc, mixed_plan, fake)
+    assert op.execute(make_context())["input_key"] == trainer_result()["input_key"]
+    # the newest of the lines streamed together; the machine-readable lines themselves are not for people
+    assert ("[rank 0] progress: step 20/40 (50.0%), epoch 1/2, loss 2.0465, 700 samples/s; 3.00 s left by the "
+            "plan (0.15 s/step planned), 4.00 s at the measured 0.20 s/step, 4.00 s so far") in op.log_lines.lines
+    assert not any(MARKER in line or "progress: step 10/" in line for line in op.log_lines.lines)
+    assert "[rank 0] 2026-01-01 00:00:15,667 INFO rank0: epoch 0 done: loss 2.0465 accuracy 0.2549 step 20" \
+        in op.log_lines.lines  # the other lines as they were
+
+
 def test_a_result_line_the_stream_missed_is_read_from_the_end_of_rank_0s_log(spec_doc, mixed_plan):
     fake = FakeCoreV1()
     op = make_operator(spec_doc, mixed_plan, fake)

@@ -15,7 +15,7 @@ import pytest
 import yaml
 from airflow.providers.cncf.kubernetes.operators.pod import KubernetesPodOperator
 from airflow.sdk.exceptions import AirflowException
-from k8s_support import GPU_POOL, make_context
+from k8s_support import GPU_POOL, make_context, wait_for
 from kubernetes.client import ApiClient
 from restricted import restricted_violations
 
@@ -162,6 +162,42 @@ def test_a_local_stage_that_fails_quotes_its_error_lines(tmp_path, spec_doc):
     python = fake_python(tmp_path, 'print("no result")')
     with pytest.raises(StageProcessError, match=r"no JSON result line; last lines:\nno result"):
         LocalStage("preload", load_spec(spec_doc), ctx, python=python).run()
+
+
+def test_a_local_stage_writes_rank_0s_progress_for_people_while_it_runs(tmp_path, spec_doc, caplog):
+    """The trainer's machine-readable lines become one line for people, the first at once and then at
+    most every progress.interval_s, while the stage still runs."""
+    import threading
+
+    from pipelines.core.progress import progress_line
+
+    record = {"step": 10, "total_steps": 40, "epoch": 0, "epochs": 2, "loss": 1.25, "samples_per_sec": 300.0,
+              "step_s": 0.5, "planned_step_s": 0.4, "elapsed_s": 5.0}
+    release = tmp_path / "release"
+    python = fake_python(tmp_path, f"""import os, time
+print("[rank 0] INFO rank0: calibrated", flush=True)
+for step in (10, 20):  # the second within the interval: not written
+    print("[rank 0] 2026-01-01 10:00:00,000 INFO rank0: " + {progress_line(record)!r}.replace('"step": 10', f'"step": {{step}}'), flush=True)
+while not os.path.exists({str(release)!r}):
+    time.sleep(0.02)
+print(json.dumps({{"stage": "train"}}))""")
+    spec_doc["launcher"], spec_doc["progress"] = "local", {"interval_s": 60}
+    stage = LocalStage("train", load_spec(spec_doc), stage_context(make_context(), False), python=python)
+    caplog.set_level("INFO", logger="hetero.runners.local_runner")
+    results = []
+    runner = threading.Thread(target=lambda: results.append(stage.run()))
+    runner.start()
+    try:
+        wait_for("the progress line", lambda: any(m.startswith("progress: ") for m in caplog.messages), 30, 0.02)
+        assert runner.is_alive() and not results  # in the task log before the stage ends
+    finally:
+        release.touch()
+        runner.join(30)
+    assert results == [{"stage": "train"}]
+    assert [m for m in caplog.messages if "progress" in m.lower()] == [
+        "progress: step 10/40 (25.0%), epoch 1/2, loss 1.2500, 300 samples/s; 12.0 s left by the plan "
+        "(0.40 s/step planned), 15.0 s at the measured 0.50 s/step, 5.00 s so far"]
+    assert "[rank 0] INFO rank0: calibrated" in caplog.messages  # other lines as they come
 
 
 def test_only_pod_stages_are_accepted(spec_doc):

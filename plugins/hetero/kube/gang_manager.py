@@ -84,7 +84,8 @@ class GangManager:
 
     Pods are keyed by their ``rank`` label; rank 0 is the lead.  ``service`` and ``pods`` are what
     to create (none when only watching or resuming); ``stream_logs`` copies the lead's new log
-    lines into the task log while polling (the triggerer does not)."""
+    lines into the task log while polling (the trigger copies them every ``progress_interval_s``),
+    its progress lines written for people at most that often."""
 
     def __init__(
         self,
@@ -104,6 +105,7 @@ class GangManager:
         clock: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], None] = time.sleep,
         stream_logs: bool = True,
+        progress_interval_s: float = 60.0,
     ):
         self.client = client
         self.identity = identity
@@ -122,7 +124,8 @@ class GangManager:
         self.stream_logs = stream_logs
         self.killed = False
         self.reattached: list[str] = []
-        self.logs = PodLogs(client, namespace, lead=kind.lead, tail_lines=log_tail_lines, log=self.log)
+        self.logs = PodLogs(client, namespace, lead=kind.lead, tail_lines=log_tail_lines, log=self.log,
+                            progress_interval_s=progress_interval_s)
 
     # -- create
 
@@ -254,14 +257,14 @@ class GangManager:
                 try:
                     pods = self.this_try_pods()
                     if 0 in pods:
-                        self.logs.copy_tail(pods[0])
+                        self.logs.copy_tail(pods[0], event.get("last_log_time"))
                 except Exception as e:  # the gang's error matters more than the lead's last lines
                     self.log.warning("Reading %s's last lines failed: %s", self.kind.lead, e)
                 raise error_from_event(event)
             pods = self.this_try_pods()
             if 0 not in pods:
                 raise GangError(f"{self.kind.done} but {self.kind.lead}'s pod is gone; pods left: {sorted(pods)}")
-            self.logs.copy_tail(pods[0])
+            self.logs.copy_tail(pods[0], event.get("last_log_time"))
             result = self.outcome(pods, float(event.get("seconds", 0.0)), event.get("lost"))
         except BaseException as exc:
             self.cleanup(keep_failed=self.keep_failed_pods and isinstance(exc, RankPodFailed))

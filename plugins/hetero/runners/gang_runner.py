@@ -133,6 +133,8 @@ class GangRunner:
         :meth:`resume`, instead of polling in the worker.
     :param poll_interval: seconds between status polls.
     :param log_tail_lines: log lines of a failed pod quoted in the error.
+    :param logging_interval: seconds between progress lines in the task log and, deferred, between
+        the trigger's copies of the lead's new log lines (default: the spec's ``progress.interval_s``).
     :param log: the task log.
 
     Pods are labelled ``dag_id``, ``run_id``, ``task_id``, ``try_number``, ``rank``, ``device_type``
@@ -140,9 +142,11 @@ class GangRunner:
     """
 
     def __init__(self, job: GangJob, spec: JobSpec, *, deferrable: bool = False, poll_interval: float = 5.0,
-                 log_tail_lines: int = 40, connection: Connection | None = None, log: Any = None):
+                 log_tail_lines: int = 40, logging_interval: float | None = None, connection: Connection | None = None,
+                 log: Any = None):
         self.job, self.spec = job, spec
         self.deferrable, self.poll_interval, self.log_tail_lines = deferrable, poll_interval, log_tail_lines
+        self.logging_interval = logging_interval or spec.progress.interval_s
         self.connection = connection or Connection(spec.kubernetes.kubernetes_conn_id)
         self.log = log or logging.getLogger(__name__)
         self.manager: GangManager | None = None
@@ -167,7 +171,7 @@ class GangRunner:
             namespace=k.namespace, scheduling_timeout_s=k.scheduling_timeout_s,
             image_pull_timeout_s=k.image_pull_timeout_s, service=service, pods=pods or (),
             keep_failed_pods=k.keep_failed_pods, poll_interval_s=self.poll_interval,
-            log_tail_lines=self.log_tail_lines, log=self.log,
+            log_tail_lines=self.log_tail_lines, log=self.log, progress_interval_s=self.logging_interval,
         )
 
     def start(self, context: Any) -> dict[str, Any] | Deferred:
@@ -201,11 +205,13 @@ class GangRunner:
             log_tail_lines=self.log_tail_lines,
             started_at=time.time(),
             kind=self.job.kind.name,
+            logging_interval=self.logging_interval,
         )
 
     def resume(self, context: Any, event: dict[str, Any]) -> dict[str, Any]:
-        """After :class:`hetero.triggers.GangTrigger`: the lead's last lines into the task log, its
-        result (or the gang's error, as the synchronous wait raises it); every pod deleted."""
+        """After :class:`hetero.triggers.GangTrigger`: the lead's lines the trigger did not copy into
+        the task log, its result (or the gang's error, as the synchronous wait raises it); every pod
+        deleted."""
         self.manager = manager = self.make_manager(identity_from_context(context))
         return manager.resume(event)
 

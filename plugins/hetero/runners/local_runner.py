@@ -4,7 +4,9 @@ subprocess of the task.
 The command is exactly what a pod runs (:func:`pipelines.core.stages.stage_command`) with the
 trainer environment's Python, the pool and its profiles carried inline
 (:func:`hetero.task_context.carried_inputs`).  Its output is streamed line by line into the task
-log; a non-zero exit fails the task with the stage's own ``ERROR:`` lines; the last line (a JSON
+log, except the trainer's machine-readable progress lines, whose newest is written for people at
+most every ``progress.interval_s`` seconds (:class:`pipelines.core.progress.ProgressLog`); a
+non-zero exit fails the task with the stage's own ``ERROR:`` lines; the last line (a JSON
 document: the command carries ``--json``, so it never depends on a terminal) becomes the task's XCom.  If the task is killed, the command's whole process group is
 stopped.  :class:`LocalCommand` does the same for any command of the trainer environment (the
 profiling sweep's, ``hetero.profiling``).
@@ -24,6 +26,7 @@ from typing import Any
 from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
 from hetero.task_context import PROJECT_ROOT, carried_inputs, run_dir_for, stage_context
+from pipelines.core.progress import ProgressLog
 from pipelines.core.stages import StageContext, last_json_object, stage_command
 from pipelines.errors import EXIT_BAD_INPUT
 from pipelines.launch.lifetime import child_env
@@ -73,10 +76,11 @@ class LocalCommand:
     """A command run as a subprocess in the trainer environment, its output streamed into the task
     log and its last JSON line returned (a stage's, or the profiling sweep's); :meth:`kill` stops it
     and everything it started.  Exit 2 (bad input) fails the task without retries; any other
-    failure raises :class:`StageProcessError`, which Airflow retries.  ``what`` names it in errors."""
+    failure raises :class:`StageProcessError`, which Airflow retries.  ``what`` names it in errors;
+    a progress line of the trainer's is written for people at most every ``progress_interval_s``."""
 
-    def __init__(self, what: str, *, cwd: str | None = None):
-        self.what, self.cwd = what, cwd
+    def __init__(self, what: str, *, cwd: str | None = None, progress_interval_s: float = 60.0):
+        self.what, self.cwd, self.progress_interval_s = what, cwd, progress_interval_s
         self.proc: subprocess.Popen | None = None
 
     def run_command(self, cmd: Sequence[str]) -> dict:
@@ -95,9 +99,13 @@ class LocalCommand:
         )
         tail: collections.deque[str] = collections.deque(maxlen=40)
         errors: list[str] = []
+        progress = ProgressLog(self.progress_interval_s, lambda text: log.info("%s", text))
         try:
             for raw in iter(proc.stdout.readline, b""):
                 line = raw.decode(errors="replace").rstrip("\n")
+                if progress.take(line):  # rank 0's machine-readable progress: one line for people now and then
+                    progress.report()
+                    continue
                 tail.append(line)
                 if line.startswith("ERROR:") or errors:
                     errors.append(line)
@@ -123,7 +131,7 @@ class LocalStage(LocalCommand):
     """One stage run as a subprocess; :meth:`kill` stops it and everything it started."""
 
     def __init__(self, stage: str, spec: JobSpec, ctx: StageContext, *, python: str | None = None, cwd: str | None = None):
-        super().__init__(f"stage {stage!r}", cwd=cwd)
+        super().__init__(f"stage {stage!r}", cwd=cwd, progress_interval_s=spec.progress.interval_s)
         self.stage, self.spec, self.ctx = stage, spec, ctx
         self.python = python
 

@@ -97,6 +97,9 @@ def test_pipeline_runs_end_to_end(local_run):
     assert analysis["holdout_accuracy"] > 0.3  # well above chance (0.1) after two short epochs
     assert Path(analysis["report"]).is_file()
     assert succeeded(log)
+    # rank 0's progress in the train task's log, as one line for people; not its machine-readable lines
+    assert re.search(r"progress: step \d+/\d+ \(\d+\.\d%\), epoch 1/2, .* left by the plan", log), log[-5000:]
+    assert "HETERO_PROGRESS" not in log
     # the model is published as version 1 of the store under the artifact root, and promoted
     # (nothing was promoted before); the approval task did not wait for a person (mode auto)
     publish = json.loads((run / "publish" / "result.json").read_text())
@@ -204,6 +207,7 @@ def k8s_run(airflow_env, tiny_dataset, test_cluster, tmp_path_factory):
         "artifact_root": "/mnt/artifacts",
         "kubernetes": {"artifact_volume_claim": "artifacts", "kubernetes_conn_id": "test_cluster",
                        "scheduling_timeout_s": 60, "image_pull_timeout_s": 60},
+        "progress": {"interval_s": 1},  # the gangs' triggers copy rank 0's lines every second
     }
     env = dict(airflow_env)
     env.update([test_cluster.airflow_conn("test_cluster")])
@@ -240,6 +244,10 @@ def test_pipeline_runs_end_to_end_on_kubernetes(k8s_run, local_run, test_cluster
     # which `airflow dags test` runs in line; the gang's trigger decided through GangManager.poll
     assert log.count("[DAG TEST] running trigger in line") == 7, log[-8000:]
     assert "Checking pod 'preload-" in log and "All 2 ranks succeeded" in log
+    # the gangs' triggers wrote rank 0's lines into their logs while the ranks ran (progress.interval_s: 1)
+    copied = [line for line in log.splitlines() if "[rank 0] " in line and "hetero.triggers.GangTrigger" in line]
+    assert copied, log[-8000:]
+    assert "[rank 0] progress: step " in log and "HETERO_PROGRESS" not in log, log[-8000:]
     analysis = json.loads((run / "analyze" / "result.json").read_text())
     assert analysis["report"] == f"{pod_run}/analyze/report.html" and (run / "analyze" / "report.html").is_file()
     # publish and promote ran as stage pods against the store on the shared volume

@@ -1,8 +1,10 @@
 """Failures of a training job (docs/ARCHITECTURE.md, "Failure rules"): a non-finite loss stops every rank with a
-non-zero exit and keeps the last good checkpoint; a stopped run resumes where it left off."""
+non-zero exit and keeps the last good checkpoint; a stopped run resumes where it left off (and rank 0's
+progress lines count from there)."""
 
 from __future__ import annotations
 
+import io
 import json
 import math
 import re
@@ -11,6 +13,7 @@ import numpy as np
 import pytest
 from conftest import launch_ranks, write_run
 
+from pipelines.core.progress import parse_progress
 from pipelines.launch.local import Profile
 
 ERROR = re.compile(r"loss is (nan|inf|-inf) at step (\d+) .*last good checkpoint: (\S+)")
@@ -116,7 +119,8 @@ def test_stopped_run_resumes_from_its_checkpoint(tmp_path):
     s1 = json.loads((run / "train" / "summary.json").read_text())
     assert (s1["steps"], s1["resumed_from_step"]) == (6, 0)
 
-    second = launch_ranks(run, [Profile(), Profile()], extra_args=["--no-balance"])
+    output = io.StringIO()
+    second = launch_ranks(run, [Profile(), Profile()], extra_args=["--no-balance"], output=output)
     assert second.returncode == 0, second.message
     s2 = json.loads((run / "train" / "summary.json").read_text())
     assert s2["resumed_from_step"] == 6
@@ -128,3 +132,8 @@ def test_stopped_run_resumes_from_its_checkpoint(tmp_path):
     # The resumed run trains on exactly the rows the first one had not reached.
     assert sum(sum(h["samples"]) for h in s2["history"]) == rows - 6 * gb
     assert math.isfinite(s2["final_loss"])
+    # Rank 0 alone prints progress: one line, the resumed window that ends the epoch (no plan: no planned time).
+    progress = [(line.split("]")[0] + "]", p) for line in output.getvalue().splitlines() if (p := parse_progress(line))]
+    assert [(who, p["step"], p["total_steps"], p["epoch"], p["epochs"], p["planned_step_s"]) for who, p in progress] == [
+        ("[rank 0]", s2["steps"], s2["steps"], 0, 1, None)]
+    assert progress[0][1]["step_s"] > 0 and progress[0][1]["loss"] == pytest.approx(s2["final_loss"])

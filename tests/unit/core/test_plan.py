@@ -140,3 +140,12 @@ def test_the_default_plan_says_its_strategy_and_gives_parameter_server_workers_e
     assert ps["strategy"] == "parameter_server" and ps["global_batch"] == 100
     assert [r["batch"] for r in ps["ranks"]] == [33, 33, 33]
     assert [r["batch"] for r in plan_for(strategy="parameter_server", global_batch=2)["ranks"]] == [1, 1, 1]
+
+
+def test_the_planned_step_time_is_the_corrected_prediction():
+    from pipelines.core.plan import planned_step_s
+
+    plan = dict(PLAN, predicted_step_s=0.5, steps_per_epoch=10, epochs=2, timing={"parts": {"steps": 12.0}})
+    assert planned_step_s(plan) == pytest.approx(0.6)  # 12 s over 20 steps, as earlier runs corrected it
+    assert planned_step_s(dict(plan, timing={})) == 0.5  # no timing: the prediction itself
+    assert planned_step_s(PLAN) is None and planned_step_s(None) is None  # a default plan predicts nothing

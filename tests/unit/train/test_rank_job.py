@@ -110,3 +110,9 @@ def test_load_job_leaves_the_training_rows_in_their_mapped_shards(tmp_path):
     idx = np.sort(rng.permutation(50)[:17])
     assert np.array_equal(job.x[idx], x[idx]) and np.array_equal(job.y, y)
     assert (job.shape, job.mean, job.std, job.placement.batches) == ((2, 2), 0.5, 2.0, [5, 5])
+    assert job.planned_step_s is None  # no plan: no planned step time for the progress lines
+    plan = {"global_batch": 10, "predicted_step_s": 0.25,
+            "ranks": [{"rank": 0, "device": "fast", "batch": 6}, {"rank": 1, "device": "slow", "batch": 4}]}
+    (tmp_path / "estimate").mkdir()
+    (tmp_path / "estimate" / "plan.json").write_text(json.dumps(plan))
+    assert load_job(args, size=2).planned_step_s == 0.25
