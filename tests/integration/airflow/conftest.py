@@ -47,6 +47,27 @@ def deployment_defaults(tmp_path_factory) -> DeploymentDefaults:
     return DeploymentDefaults(defaults, generate(folder / "data", DAYS), folder / "artifacts", folder / "profiles")
 
 
+@dataclasses.dataclass(frozen=True)
+class PublishedRun:
+    """A finished run of the training DAG, triggered over the REST API into an artifact root of its
+    own (its conf's)."""
+
+    run_id: str
+    artifacts: Path
+
+
+@pytest.fixture(scope="session")
+def published_run(airflow, deployment_defaults, tmp_path_factory) -> PublishedRun:
+    """One run, shared: ``test_real_airflow`` checks what it published and promoted, ``test_web``
+    serves its pages (a full run costs a minute; the DAG takes one run at a time)."""
+    from test_real_airflow import job, trigger, wait_for_run  # the helpers beside this file
+
+    artifacts = tmp_path_factory.mktemp("published") / "artifacts"
+    run_id = trigger(airflow, job(deployment_defaults.dataset, artifacts, deployment_defaults.bank))
+    wait_for_run(airflow, run_id)  # its state is the tests' to check
+    return PublishedRun(run_id, artifacts)
+
+
 @pytest.fixture(scope="session")
 def airflow(tmp_path_factory, request, deployment_defaults):
     """The running deployment, with every DAG serialized by the dag-processor and unpaused; the

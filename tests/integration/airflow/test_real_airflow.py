@@ -155,10 +155,9 @@ def test_an_event_of_the_dataset_asset_starts_a_run_with_the_job_defaults(airflo
     assert takes_the_defaults(spec) and spec["dataset"]["uri"] == str(deployment_defaults.dataset)
 
 
-def test_a_run_triggered_over_the_rest_api_publishes_and_promotes_a_version(airflow, dataset, bank, tmp_path):
-    artifacts = tmp_path / "artifacts"
-    run_id = trigger(airflow, job(dataset, artifacts, bank))
-    run = wait_for_run(airflow, run_id)
+def test_a_run_triggered_over_the_rest_api_publishes_and_promotes_a_version(airflow, published_run):
+    artifacts, run_id = published_run.artifacts, published_run.run_id  # triggered with job(...) over the API
+    run = airflow.api.get(run_path(run_id))
     states = task_states(airflow, run_id)
     assert run["state"] == "success", states
     assert states == {t: ("success", 1) for t in TASKS}  # every task, first try

@@ -25,7 +25,7 @@ from pipelines.stores.rundir import RunDir
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from real_airflow import NOTES, PASSWORD, USER, Airflow, quote  # noqa: E402 (the helpers beside this file)
-from test_real_airflow import DAG, job, task_states, trigger, wait_for_run  # noqa: E402
+from test_real_airflow import DAG, task_states  # noqa: E402
 
 pytestmark = [pytest.mark.airflow, pytest.mark.integration, pytest.mark.real_airflow]
 
@@ -70,11 +70,12 @@ def fetch(airflow: Airflow, path: str, token: str | None = None, method: str = "
 
 
 @pytest.fixture(scope="module")
-def finished(airflow, deployment_defaults, tmp_path_factory) -> Finished:
-    """One run of the training DAG, into an artifact root of its own (its conf's), to the end."""
-    artifacts = tmp_path_factory.mktemp("web") / "artifacts"
-    run_id = trigger(airflow, job(deployment_defaults.dataset, artifacts, deployment_defaults.bank))
-    assert wait_for_run(airflow, run_id)["state"] == "success", task_states(airflow, run_id)
+def finished(airflow, published_run) -> Finished:
+    """A finished run of the training DAG, into an artifact root of its own (its conf's): the
+    session's published run (conftest.py), which test_real_airflow also checks."""
+    run_id, artifacts = published_run.run_id, published_run.artifacts
+    state = airflow.api.get(f"/dags/{DAG}/dagRuns/{quote(run_id)}")["state"]
+    assert state == "success", task_states(airflow, run_id)
     return Finished(run_id, RunDir.for_run(str(artifacts), DAG, run_id).root, artifacts)
 
 
