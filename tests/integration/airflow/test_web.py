@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import http.client
 import json
+import os
 import shutil
 import sys
 import tempfile
@@ -29,7 +30,9 @@ from test_real_airflow import DAG, task_states  # noqa: E402
 
 pytestmark = [pytest.mark.airflow, pytest.mark.integration, pytest.mark.real_airflow]
 
-CHROMIUM = Path("/usr/bin/chromium")
+# The distribution's Chromium (scripts/setup-chromium.sh installs Debian's), or HETERO_CHROMIUM's.
+CHROMIUM = next((Path(p) for p in (os.environ.get("HETERO_CHROMIUM"), "/usr/bin/chromium", "/usr/bin/chromium-browser")
+                 if p and Path(p).is_file()), Path("/usr/bin/chromium"))
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
                  "--disable-component-update", "--disable-sync", "--no-first-run"]
 
