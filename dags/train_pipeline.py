@@ -8,6 +8,7 @@ import datetime as dt
 from airflow.sdk import DAG
 
 from hetero.approval import PromotionApprovalOperator
+from hetero.cluster_check import cluster_check_task
 from hetero.notify import promotion_notice, run_failure_notice, task_failure_notice
 from hetero.operators import PipelineStageOperator
 from hetero.params import job_params
@@ -60,3 +61,5 @@ with DAG(
     approve = PromotionApprovalOperator(task_id="approve", retries=0)
     promote = PipelineStageOperator(task_id="promote", stage="promote", on_success_callback=promotion_notice())
     preload >> estimate >> lr_search >> train >> publish >> analyze >> approve >> promote
+    if check_cluster := cluster_check_task():  # HETERO_CHECK_CLUSTER=1: the cluster is checked first
+        check_cluster >> preload

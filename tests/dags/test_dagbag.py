@@ -66,6 +66,25 @@ def test_main_dag_structure():
     assert dag.params.get_param("launcher").schema["enum"] == ["local", "kubernetes"]
 
 
+def test_the_cluster_check_runs_first_when_the_deployment_asks(monkeypatch):
+    """HETERO_CHECK_CLUSTER=1 puts check_cluster before preload, without retries; a local run has no
+    cluster to check and goes on; unset, the DAG has no such task."""
+    from airflow.dag_processing.dagbag import DagBag
+
+    monkeypatch.setenv("HETERO_CHECK_CLUSTER", "1")
+    bag = DagBag(dag_folder=str(ROOT / "dags" / "train_pipeline.py"))
+    dag = bag.dags["train_pipeline"]
+    check = dag.get_task("check_cluster")
+    assert dag.get_task("preload").upstream_task_ids == {"check_cluster"} and check.upstream_task_ids == set()
+    assert check.retries == 0
+    result = check.execute({"params": dag.params.validate()})  # the form's defaults: launcher local
+    assert result["ok"] and result["skipped"] == "launcher is local: no cluster to check"
+
+    monkeypatch.setenv("HETERO_CHECK_CLUSTER", "0")
+    bag = DagBag(dag_folder=str(ROOT / "dags" / "train_pipeline.py"))
+    assert "check_cluster" not in bag.dags["train_pipeline"].task_ids
+
+
 def test_params_validate_like_the_spec():
     from airflow.sdk import ParamsDict
     from airflow.sdk.exceptions import ParamValidationError
