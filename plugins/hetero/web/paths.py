@@ -21,15 +21,16 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+# The history page's name and place are the history package's own (stdlib and the model store only).
+from pipelines.analyze.history.collect import HISTORY_FILE, history_path
 from pipelines.spec import JobSpec, load_spec
 from pipelines.spec.defaults import deep_merge
-from pipelines.stores.rundir import RunDir, safe_component
+from pipelines.stores.rundir import RunDir
 
 __all__ = ["HISTORY_FILE", "REPORT", "Entry", "Refused", "effective_artifact_root", "entries", "history_path",
            "relative_parts", "resolve_inside", "run_folder"]
 
 REPORT = "analyze/report.html"  # the analyze stage's report, in the run's folder
-HISTORY_FILE = "history.html"  # a DAG's history page, in <artifact_root>/<dag_id>/
 
 
 class Refused(Exception):
@@ -56,11 +57,6 @@ def effective_artifact_root(params: Mapping[str, Any], defaults: Mapping[str, An
 def run_folder(artifact_root: str | os.PathLike, dag_id: str, run_id: str) -> Path:
     """``<artifact_root>/<dag_id>/<run_id>/``, named as the stages name it (:class:`RunDir`)."""
     return RunDir.for_run(str(artifact_root), dag_id, run_id).root
-
-
-def history_path(artifact_root: str | os.PathLike, dag_id: str) -> Path:
-    """``<artifact_root>/<dag_id>/history.html``, the DAG's history page."""
-    return Path(str(artifact_root).removeprefix("file://")).absolute() / safe_component(dag_id) / HISTORY_FILE
 
 
 def relative_parts(relative: str) -> list[str]:
