@@ -20,7 +20,11 @@ cgroup CPU quota), into a fresh profile bank:
    reference models, at different global batches, each through the real stages (preload,
    estimate with ``estimate.calibrate: never``, train, analyze).  Each run is predicted before it
    starts from the bank as it stands (later runs also learn from earlier ones, as in production).
-   ``run_time_error_*`` is |predicted − actual| / actual of the trainer's ``train_seconds``.
+   ``run_time_error_*`` is |predicted − actual| / actual of the trainer's ``train_seconds``;
+5. ``--wider-runs`` more such runs, after those, of the kinds the family gained (residual CNNs
+   with batch normalisation and global pooling, a depthwise-separable CNN), also outside the
+   family's grids: ``wider_run_errors`` (signed), kept out of the figures above so that those
+   stay comparable with earlier measurements.
 
 Prints a table and ends with one JSON line.
 """
@@ -55,6 +59,12 @@ RUNS = (
     ("small_cnn", {"filters": [8, 16], "dense_units": 32}, 256),
     ("tiny_mlp", {"hidden": [512, 256]}, 128),
 )
+# The wider family's kinds, with widths and heads outside its grids (pipelines.estimate.family).
+WIDER_RUNS = (
+    ("residual_cnn", {"filters": [12, 24]}, 128),
+    ("residual_cnn", {"filters": [8, 16, 32], "blocks": 2, "dense": [32]}, 256),
+    ("separable_cnn", {"filters": [12, 24, 48]}, 128),
+)
 
 
 def law_errors(rows: list[dict]) -> dict:
@@ -77,11 +87,28 @@ def law_errors(rows: list[dict]) -> dict:
     }
 
 
+def evaluate(pool: str, work: Path, data: Path, bank_uri: str, i: int, model: str, kwargs: dict, gb: int) -> dict:
+    """One evaluation run through the real stages, predicted from the bank as it stands."""
+    spec = job_spec(str(data), str(Path(pool).resolve()), work, bank_uri, model, kwargs, global_batch=gb, epochs=2,
+                    calibrate="never")
+    run_id = f"eval-{i}"
+    results = run_pipeline(spec, work / "runs" / run_id, run_id=run_id, dag_id="bench")
+    a = results["analyze"]
+    timing = results["estimate"]["plan"]["timing"]
+    print(f"run {i}: {model} {kwargs} B={gb}: predicted {a['predicted_total_s']:.2f} s, actual "
+          f"{a['actual_train_s']:.2f} s, error {100 * a['prediction_error']:+.1f}%", flush=True)
+    return {"model": model, "kwargs": kwargs, "global_batch": gb, "predicted_s": a["predicted_total_s"],
+            "actual_s": a["actual_train_s"], "error": a["prediction_error"],
+            "parts": (a.get("estimator") or {}).get("parts"), "corrections": timing["corrections"]}
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--size", default="medium", help="sweep size (default: %(default)s)")
     p.add_argument("--out", default=None, help="work folder (default: a new temporary folder)")
     p.add_argument("--runs", type=int, default=len(RUNS), help="evaluation runs (default: %(default)s)")
+    p.add_argument("--wider-runs", type=int, default=len(WIDER_RUNS),
+                   help="evaluation runs of the wider family's kinds, after those (default: %(default)s)")
     p.add_argument("--rows-per-day", type=int, default=2000, help="sample rows per day of the runs' data, 3 days (default: %(default)s)")
     p.add_argument("--references", type=int, default=len(REFERENCE_MODELS),
                    help="how many of the reference models to run (default: all %(default)s)")
@@ -98,21 +125,11 @@ def main() -> int:
     reference = reference_runs(args.pool, bank_uri, work / "reference", models=REFERENCE_MODELS[: args.references])
     data = work / "data"
     generate(str(data), rows_per_day=args.rows_per_day, days=3)
-    runs = []
-    for i, (model, kwargs, gb) in enumerate(RUNS[: args.runs]):
-        spec = job_spec(str(data), str(Path(args.pool).resolve()), work, bank_uri, model, kwargs, global_batch=gb, epochs=2,
-                        calibrate="never")
-        run_id = f"eval-{i}"
-        results = run_pipeline(spec, work / "runs" / run_id, run_id=run_id, dag_id="bench")
-        a = results["analyze"]
-        timing = results["estimate"]["plan"]["timing"]
-        runs.append({"model": model, "kwargs": kwargs, "global_batch": gb, "predicted_s": a["predicted_total_s"],
-                     "actual_s": a["actual_train_s"], "error": a["prediction_error"],
-                     "parts": (a.get("estimator") or {}).get("parts"), "corrections": timing["corrections"]})
-        print(f"run {i}: {model} {kwargs} B={gb}: predicted {a['predicted_total_s']:.2f} s, actual "
-              f"{a['actual_train_s']:.2f} s, error {100 * a['prediction_error']:+.1f}%", flush=True)
+    evaluated = [evaluate(args.pool, work, data, bank_uri, i, *run)
+                 for i, run in enumerate(RUNS[: args.runs] + WIDER_RUNS[: args.wider_runs])]
+    runs, wider = evaluated[: args.runs], evaluated[args.runs:]
     (work / "bench.json").write_text(json.dumps({"laws": laws, "sweeps": sweeps, "link": link, "reference": reference,
-                                                 "runs": runs}, indent=1, default=str))
+                                                 "runs": runs, "wider_runs": wider}, indent=1, default=str))
     print(f"\n{'device':8} {'law':40} {'held-out':>9} {'extrap.':>8} {'memory':>8} {'models':>6}")
     for dev, e in laws.items():
         print(f"{dev:8} {e['step_law']:40} {100 * e['step_cv_mape']:8.1f}% {100 * (e['extrapolation_mape'] or 0):7.1f}% "
@@ -127,6 +144,7 @@ def main() -> int:
         "runs": len(runs),
         "run_time_error_first": round(errors[0], 4),
         "reference_run_errors": [round(r["error"], 4) for r in reference["runs"]],
+        "wider_run_errors": [round(r["error"], 4) for r in wider],
         "sweep_size": args.size,
         "sweep_rows": len(rows),
         "sweep_seconds": round(sweep_s, 1),

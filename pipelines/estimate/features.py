@@ -10,6 +10,17 @@ The FLOP count is analytic (no profiler): a multiply-add counts as 2 FLOPs.
 
 A training step costs about 3× the forward pass (forward, gradient w.r.t. activations, gradient
 w.r.t. weights).  Activation memory is the sum of all layer outputs per sample, in float32.
+
+The layer mix tells the kinds of network apart (docs/ARCHITECTURE.md, "The learned estimator"):
+normalisation layers (``norm_layers``, and their outputs, ``norm_bytes_per_sample``: several
+passes over memory forward and backward for one FLOP an element), merges such as a residual
+``Add`` (``merge_layers``), global pooling (``global_pool_layers``), depthwise convolutions (their
+training FLOPs, ``depthwise_flops_per_sample``, also counted in the conv FLOPs: few FLOPs per byte
+moved, so slower per FLOP than a full conv), the outputs of layers that apply their own non-linear
+activation (``activated_bytes_per_sample``: a ``Conv2D`` or ``Dense`` with ``activation="relu"``
+makes its pre-activation too, a second tensor of the same size), embeddings (``embedding_params``, and their looked-up
+outputs, ``embedding_bytes_per_sample``: a gather forward, a sparse gradient backward) and the
+longest path from the input to the output in layers (``depth``; ``num_layers`` for a chain).
 """
 
 from __future__ import annotations
@@ -20,6 +31,9 @@ from typing import Any
 
 BYTES_PER_FLOAT = 4
 TRAIN_FLOPS_FACTOR = 3.0
+CONV_KINDS = {"Conv1D", "Conv2D", "Conv3D", "DepthwiseConv2D"}
+NORM_KINDS = {"BatchNormalization", "LayerNormalization", "GroupNormalization", "UnitNormalization"}
+MERGE_KINDS = {"Add", "Subtract", "Multiply", "Average", "Maximum", "Minimum", "Concatenate"}
 
 
 def _size(shape: Any) -> int:
@@ -68,6 +82,27 @@ def layer_flops(layer: Any) -> int:
     return out_elems
 
 
+def _activated(layer: Any) -> bool:
+    """Whether ``layer`` applies a non-linear activation of its own (``activation=`` not linear)."""
+    activation = getattr(layer, "activation", None)
+    return activation is not None and getattr(activation, "__name__", "linear") != "linear"
+
+
+def depth(layers: list[Any]) -> int:
+    """The longest path through ``layers`` (in topological order, as a model lists them), in
+    layers: each counts one more than the deepest layer feeding it.  Inputs count 0."""
+    import tensorflow as tf
+
+    deepest: dict[int, int] = {}
+    for layer in layers:
+        if layer.__class__.__name__ == "InputLayer":
+            deepest[id(layer)] = 0
+            continue
+        parents = [p for node in getattr(layer, "_inbound_nodes", []) for p in tf.nest.flatten(node.inbound_layers)]
+        deepest[id(layer)] = 1 + max((deepest.get(id(p), 0) for p in parents), default=0)
+    return max(deepest.values(), default=0)
+
+
 def model_features(model: Any) -> dict[str, Any]:
     """Features of a built Keras model.
 
@@ -75,7 +110,7 @@ def model_features(model: Any) -> dict[str, Any]:
     ``num_layers``, ``conv_filters`` (list, in order), ``dense_units`` (list, in order),
     ``input_size`` (elements per sample), ``output_size``, ``flops_per_sample`` (forward),
     ``train_flops_per_sample`` (≈ 3× forward), ``activation_bytes_per_sample`` (sum of every
-    layer's output size × 4 bytes, input included).
+    layer's output size × 4 bytes, input included), and the layer mix of the module docstring.
     """
     import numpy as np
 
@@ -84,22 +119,30 @@ def model_features(model: Any) -> dict[str, Any]:
     params = int(model.count_params())
     trainable = int(sum(int(np.prod(w.shape)) for w in model.trainable_weights))
     input_size = _size(model.input_shape)
-    flops = conv_flops = dense_flops = 0
+    flops = conv_flops = dense_flops = depthwise_flops = 0
+    norm_elems = activated_elems = embedding_elems = embedding_params = 0
     activations = input_size
     conv_filters: list[int] = []
     dense_units: list[int] = []
     for layer in leaves:
-        if layer.__class__.__name__ == "InputLayer":
+        kind = layer.__class__.__name__
+        if kind == "InputLayer":
             continue
         f = layer_flops(layer)
         flops += f
-        kind = layer.__class__.__name__
-        conv_flops += f if kind in {"Conv1D", "Conv2D", "Conv3D", "DepthwiseConv2D"} else 0
+        out = _size(layer.output_shape)
+        conv_flops += f if kind in CONV_KINDS else 0
+        depthwise_flops += f if kind == "DepthwiseConv2D" else 0
         dense_flops += f if kind == "Dense" else 0
-        activations += _size(layer.output_shape)
-        if layer.__class__.__name__ in {"Conv1D", "Conv2D", "Conv3D"}:
+        activations += out
+        norm_elems += out if kind in NORM_KINDS else 0
+        activated_elems += out if kind != "Activation" and _activated(layer) else 0
+        if kind == "Embedding":
+            embedding_elems += out
+            embedding_params += int(layer.count_params())
+        if kind in {"Conv1D", "Conv2D", "Conv3D"}:
             conv_filters.append(int(layer.filters))
-        elif layer.__class__.__name__ == "Dense":
+        elif kind == "Dense":
             dense_units.append(int(layer.units))
     return {
         "params": params,
@@ -116,5 +159,14 @@ def model_features(model: Any) -> dict[str, Any]:
         "conv_flops_per_sample": int(TRAIN_FLOPS_FACTOR * conv_flops),  # training FLOPs of conv layers
         "dense_flops_per_sample": int(TRAIN_FLOPS_FACTOR * dense_flops),  # training FLOPs of dense layers
         "activation_bytes_per_sample": int(activations * BYTES_PER_FLOAT),
+        "norm_layers": sum(counts[k] for k in NORM_KINDS),
+        "merge_layers": sum(counts[k] for k in MERGE_KINDS),
+        "global_pool_layers": sum(n for k, n in counts.items() if k.startswith("Global") and "Pooling" in k),
+        "embedding_params": embedding_params,
+        "depth": depth(leaves),
+        "depthwise_flops_per_sample": int(TRAIN_FLOPS_FACTOR * depthwise_flops),  # also in conv_flops_per_sample
+        "norm_bytes_per_sample": int(norm_elems * BYTES_PER_FLOAT),
+        "activated_bytes_per_sample": int(activated_elems * BYTES_PER_FLOAT),
+        "embedding_bytes_per_sample": int(embedding_elems * BYTES_PER_FLOAT),
     }
 

@@ -14,6 +14,13 @@ The law of each quantity is chosen among a few candidates by grouped k-fold cros
 all rows of one model are held out together, so the score is the error on models the fit never
 saw.  The candidate with the lowest mean absolute percentage error wins; its score and every
 candidate's are reported.
+
+The laws that use the layer mix (:data:`pipelines.stores.profile_bank.LAYER_MIX`: the bytes out
+of normalisation layers, of layers with a fused activation and of embedding lookups) need those
+columns, which rows written before them lack.  A device type whose rows all have them gets every
+candidate; one with rows of at least :data:`MIN_MIX_MODELS` models that have them fits on those
+alone (its older rows still correct their own model's prediction, :mod:`pipelines.estimate.predict`);
+any other keeps the older candidates on all its rows until it is profiled again.
 """
 
 from __future__ import annotations
@@ -22,7 +29,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from pipelines.stores.profile_bank import BankError, ProfileBank
+from pipelines.stores.profile_bank import LAYER_MIX, BankError, ProfileBank, complete_steps, has_layer_mix
 
 # name -> (per-model features, per-sample features); an intercept is always included.
 STEP_LAWS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
@@ -33,16 +40,36 @@ STEP_LAWS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
         ("params", "num_layers"),
         ("conv_flops_per_sample", "dense_flops_per_sample", "activation_bytes_per_sample"),
     ),
+    # the layer mix (pipelines.estimate.features): normalisation, fused activations and embedding
+    # lookups move memory more than their FLOPs say
+    "conv+dense+activations+norm+embedding+params+layers": (
+        ("params", "num_layers"),
+        ("conv_flops_per_sample", "dense_flops_per_sample", "activation_bytes_per_sample", "norm_bytes_per_sample",
+         "embedding_bytes_per_sample"),
+    ),
+    "conv+dense+activations+mix+params+layers": (
+        ("params", "num_layers"),
+        ("conv_flops_per_sample", "dense_flops_per_sample", "activation_bytes_per_sample", "activated_bytes_per_sample",
+         "norm_bytes_per_sample", "embedding_bytes_per_sample"),
+    ),
 }
 MEMORY_LAWS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "params+activations": (("params",), ("activation_bytes_per_sample",)),
     "params+activations+input": (("params",), ("activation_bytes_per_sample", "input_size")),
+    # a layer with a fused activation keeps its pre-activation too; an embedding's sparse gradient
+    # is as large as its lookups
+    "params+activations+input+activated": (("params",), ("activation_bytes_per_sample", "input_size",
+                                                         "activated_bytes_per_sample")),
+    "params+activations+input+activated+embedding": (("params",), ("activation_bytes_per_sample", "input_size",
+                                                                   "activated_bytes_per_sample",
+                                                                   "embedding_bytes_per_sample")),
 }
 TRACE_LAWS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "layers": (("num_layers",), ()),
     "layers+params": (("num_layers", "params"), ()),
 }
 FOLDS = 5
+MIN_MIX_MODELS = 5  # models with the layer mix that a device type's laws need to leave its older rows out
 
 
 @dataclass
@@ -148,15 +175,34 @@ def trace_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
+def without_mix(laws: dict[str, tuple[tuple[str, ...], tuple[str, ...]]]) -> dict[str, tuple[tuple[str, ...], tuple[str, ...]]]:
+    """The candidates that need no layer-mix column."""
+    return {name: parts for name, parts in laws.items() if not set(parts[0] + parts[1]) & set(LAYER_MIX)}
+
+
+def mix_rows(rows: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], bool]:
+    """The rows one device type's laws fit, and whether the layer-mix laws are candidates (see the
+    module docstring)."""
+    rows = complete_steps(rows)
+    mixed = [r for r in rows if has_layer_mix(r)]
+    if len(mixed) == len(rows):
+        return rows, True
+    if len({r["model_key"] for r in mixed}) >= MIN_MIX_MODELS:
+        return mixed, True
+    return rows, False
+
+
 def fit_device(rows: list[dict[str, Any]]) -> dict[str, Law | None]:
     """The step-time, memory and tracing laws of one device type's rows (memory and tracing None
     when no row measured them)."""
-    step = select(rows, "step_s", STEP_LAWS)
+    rows, mix = mix_rows(rows)
+    step = select(rows, "step_s", STEP_LAWS if mix else without_mix(STEP_LAWS))
     memory_rows = [r for r in rows if r.get("peak_memory_bytes")]
     traced = trace_rows(rows)
     return {
         "step": step,
-        "memory": select(memory_rows, "peak_memory_bytes", MEMORY_LAWS) if memory_rows else None,
+        "memory": select(memory_rows, "peak_memory_bytes", MEMORY_LAWS if mix else without_mix(MEMORY_LAWS))
+        if memory_rows else None,
         "trace": select(traced, "trace_s", TRACE_LAWS) if traced else None,
     }
 

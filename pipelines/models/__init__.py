@@ -19,6 +19,9 @@ EXAMPLES: dict[str, str] = {
     "small_cnn": "pipelines.models.examples:small_cnn",
     "tiny_mlp": "pipelines.models.examples:tiny_mlp",
     "conv_net": "pipelines.models.examples:conv_net",
+    "residual_cnn": "pipelines.models.examples:residual_cnn",
+    "separable_cnn": "pipelines.models.examples:separable_cnn",
+    "embedding_net": "pipelines.models.examples:embedding_net",
 }
 
 

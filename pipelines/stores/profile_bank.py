@@ -8,6 +8,7 @@ Layout under the bank's URI (a local path, or ``s3://``, ``gs://``, ``hdfs://`` 
     steps/part-<time>-<random>.parquet   step time and peak memory of a model on a device type
     runs/part-<time>-<random>.parquet    a training run's predicted and actual time, part by part
     links/part-<time>-<random>.parquet   a pool's allreduce latency and bandwidth
+    convergence/part-<time>-<random>.parquet   a run's training loss against epochs, per strategy
 
 **Concurrent writers never corrupt it**: a table is a folder of immutable files, and every append
 is a new file with a unique name, written under a temporary name and renamed (on object stores a
@@ -52,6 +53,16 @@ STEP_COLUMNS: dict[str, tuple[str, bool]] = {
     "conv_flops_per_sample": ("float64", True),
     "dense_flops_per_sample": ("float64", True),
     "activation_bytes_per_sample": ("float64", True),
+    # The layer mix (optional: banks written before these columns still load; see complete_steps)
+    "norm_layers": ("int64", False),
+    "merge_layers": ("int64", False),
+    "global_pool_layers": ("int64", False),
+    "embedding_params": ("int64", False),
+    "depth": ("int64", False),
+    "depthwise_flops_per_sample": ("float64", False),
+    "norm_bytes_per_sample": ("float64", False),
+    "activated_bytes_per_sample": ("float64", False),
+    "embedding_bytes_per_sample": ("float64", False),
     "threads": ("int64", False),
     "cpu_share": ("float64", False),
     "kind": ("string", True),  # sweep | calibration | run
@@ -79,7 +90,21 @@ LINK_COLUMNS: dict[str, tuple[str, bool]] = {
     "source": ("string", True),
     "recorded_at": ("string", True),
 }
-TABLES = {"steps": STEP_COLUMNS, "runs": RUN_COLUMNS, "links": LINK_COLUMNS}
+CONVERGENCE_COLUMNS: dict[str, tuple[str, bool]] = {  # pipelines.stores.convergence
+    "pool_key": ("string", True),
+    "model": ("string", True),
+    "model_key": ("string", True),
+    "run": ("string", True),
+    "strategy": ("string", True),  # "horovod", or "parameter_server/<update_mode>/<combiner>"
+    "epochs": ("float64", True),
+    "final_loss": ("float64", True),
+    "curve": ("string", True),  # JSON: [[epochs done, smoothed training loss], ...]
+    "recorded_at": ("string", True),
+}
+TABLES = {"steps": STEP_COLUMNS, "runs": RUN_COLUMNS, "links": LINK_COLUMNS, "convergence": CONVERGENCE_COLUMNS}
+LAYER_MIX = ("norm_layers", "merge_layers", "global_pool_layers", "embedding_params", "depth",
+             "depthwise_flops_per_sample", "norm_bytes_per_sample", "activated_bytes_per_sample",
+             "embedding_bytes_per_sample")
 POSITIVE = {"step_s", "batch", "params", "input_size", "train_flops_per_sample", "predicted_s", "actual_s",
             "latency_s", "bandwidth_bps", "ranks"}  # fields that must be > 0
 
@@ -129,7 +154,24 @@ def bank_features(features: dict[str, Any]) -> dict[str, Any]:
         "conv_flops_per_sample": float(features.get("conv_flops_per_sample", 0)),
         "dense_flops_per_sample": float(features.get("dense_flops_per_sample", 0)),
         "activation_bytes_per_sample": float(features["activation_bytes_per_sample"]),
+        # missing from the features of an estimate made before these columns: the row lacks them too
+        **{k: None if features.get(k) is None else (float if k.endswith("_per_sample") else int)(features[k])
+           for k in LAYER_MIX},
     }
+
+
+def has_layer_mix(row: dict[str, Any]) -> bool:
+    return all(row.get(k) is not None for k in LAYER_MIX)
+
+
+def complete_steps(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """``rows`` with the layer-mix columns (:data:`LAYER_MIX`) filled where a row lacks them
+    (written before they existed) from a newer row of the same model (``model_key``, the same
+    structure); a row with no such twin keeps them missing (pipelines.estimate.regress then
+    decides what it is used for)."""
+    known = {r["model_key"]: r for r in rows if has_layer_mix(r)}
+    return [r if has_layer_mix(r) or r["model_key"] not in known
+            else {**r, **{k: known[r["model_key"]][k] for k in LAYER_MIX}} for r in rows]
 
 
 def pool_key(pool: Any, launcher: str) -> str:
@@ -201,7 +243,8 @@ class ProfileBank:
         return out
 
     def steps(self) -> list[dict[str, Any]]:
-        return self.read("steps")
+        """Every step row, its layer mix completed (:func:`complete_steps`)."""
+        return complete_steps(self.read("steps"))
 
     def runs(self) -> list[dict[str, Any]]:
         return self.read("runs")

@@ -164,17 +164,17 @@ def test_ps_apply():
 def test_estimator(tmp_path, full_core_pool):
     out = tmp_path / "work"
     # no reference runs: a whole pipeline each (the profile_pool DAG's real-Airflow test runs them)
-    line = run_bench("estimator.py", "--size", "tiny", "--runs", 1, "--references", 0, "--rows-per-day", 300,
-                     "--pool", full_core_pool, "--out", out)
+    line = run_bench("estimator.py", "--size", "tiny", "--runs", 1, "--wider-runs", 0, "--references", 0,
+                     "--rows-per-day", 300, "--pool", full_core_pool, "--out", out)
     has_keys(line, {"step_time_mape_heldout", "step_time_mape_extrapolation", "memory_mape", "run_time_error_median",
-                    "run_time_error_max", "run_time_error_first", "reference_run_errors", "runs", "sweep_size",
-                    "sweep_rows", "sweep_seconds", "allreduce_latency_ms", "allreduce_bandwidth_MBps"})
+                    "run_time_error_max", "run_time_error_first", "reference_run_errors", "wider_run_errors", "runs",
+                    "sweep_size", "sweep_rows", "sweep_seconds", "allreduce_latency_ms", "allreduce_bandwidth_MBps"})
     for key in ("step_time_mape_heldout", "step_time_mape_extrapolation", "memory_mape", "run_time_error_median",
                 "run_time_error_max", "run_time_error_first"):
         assert number(line[key], 0, 100), (key, line[key])
     assert line["run_time_error_median"] <= line["run_time_error_max"]
     assert line["runs"] == 1 and line["sweep_size"] == "tiny" and line["sweep_rows"] > 0
-    assert line["reference_run_errors"] == []
+    assert line["reference_run_errors"] == [] and line["wider_run_errors"] == []
     assert number(line["sweep_seconds"], 0.1) and number(line["allreduce_latency_ms"], 0)
     assert number(line["allreduce_bandwidth_MBps"], 0.001)
     runs = json.loads((out / "bench.json").read_text())["runs"]

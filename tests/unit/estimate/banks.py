@@ -6,7 +6,7 @@ from __future__ import annotations
 import random
 
 from pipelines.spec import load_pool
-from pipelines.stores.profile_bank import ProfileBank, device_key, now
+from pipelines.stores.profile_bank import LAYER_MIX, ProfileBank, device_key, now
 
 BANK_POOL = {
     "device_types": [
@@ -22,10 +22,23 @@ def random_model(i: int, rng: random.Random) -> dict:
     conv = rng.uniform(1e5, 5e7)
     dense = rng.uniform(1e4, 5e6)
     params = rng.randint(5_000, 2_000_000)
-    return {"model": f"m{i}", "model_key": f"key{i}", "optimizer": "sgd", "params": params,
-            "num_layers": rng.randint(3, 14), "conv_layers": 2, "dense_layers": 2, "conv_filters": 48, "dense_units": 96,
-            "input_size": 784, "train_flops_per_sample": conv + dense, "conv_flops_per_sample": conv,
-            "dense_flops_per_sample": dense, "activation_bytes_per_sample": rng.uniform(1e3, 4e5)}
+    m = {"model": f"m{i}", "model_key": f"key{i}", "optimizer": "sgd", "params": params,
+         "num_layers": rng.randint(3, 14), "conv_layers": 2, "dense_layers": 2, "conv_filters": 48, "dense_units": 96,
+         "input_size": 784, "train_flops_per_sample": conv + dense, "conv_flops_per_sample": conv,
+         "dense_flops_per_sample": dense, "activation_bytes_per_sample": rng.uniform(1e3, 4e5)}
+    return {**m, **layer_mix(m, rng)}
+
+
+def layer_mix(m: dict, rng: random.Random) -> dict:
+    """The layer-mix columns (pipelines.stores.profile_bank.LAYER_MIX) of a synthetic model: half of
+    the models with batch normalisation, a third with an embedding."""
+    bn = rng.random() < 0.5
+    emb = rng.random() < 0.33
+    return {"norm_layers": 3 if bn else 0, "merge_layers": rng.randint(0, 2), "global_pool_layers": rng.randint(0, 1),
+            "embedding_params": rng.randint(10_000, 100_000) if emb else 0, "depth": m["num_layers"],
+            "depthwise_flops_per_sample": 0.0, "norm_bytes_per_sample": rng.uniform(1e4, 2e5) if bn else 0.0,
+            "activated_bytes_per_sample": rng.uniform(0, 0.5) * m["activation_bytes_per_sample"],
+            "embedding_bytes_per_sample": rng.uniform(1e4, 2e5) if emb else 0.0}
 
 
 def true_step(m: dict, b: int, speed: float = 1.0) -> float:
@@ -54,10 +67,9 @@ def synthetic_rows(device: str, dkey: str, models: int = 18, seed: int = 0, spee
 
 def job_features() -> dict:
     m = random_model(123, random.Random(11))
-    return {"params": m["params"], "num_layers": m["num_layers"], "layers": {"Conv2D": 2, "Dense": 2},
-            "conv_filters": [16, 32], "dense_units": [64, 32], "input_size": 784,
-            "train_flops_per_sample": m["train_flops_per_sample"], "conv_flops_per_sample": m["conv_flops_per_sample"],
-            "dense_flops_per_sample": m["dense_flops_per_sample"], "activation_bytes_per_sample": m["activation_bytes_per_sample"]}
+    return {"layers": {"Conv2D": 2, "Dense": 2}, "conv_filters": [16, 32], "dense_units": [64, 32],
+            **{k: m[k] for k in ("params", "num_layers", "input_size", "train_flops_per_sample", "conv_flops_per_sample",
+                                 "dense_flops_per_sample", "activation_bytes_per_sample", *LAYER_MIX)}}
 
 
 def bank_for_pool(tmp_path, launcher="local"):

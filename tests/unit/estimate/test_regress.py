@@ -7,8 +7,8 @@ import random
 import pytest
 
 from estimate.banks import random_model, synthetic_rows, true_memory, true_step
-from pipelines.estimate.regress import STEP_LAWS, fit_bank, select
-from pipelines.stores.profile_bank import BankError, ProfileBank
+from pipelines.estimate.regress import MIN_MIX_MODELS, STEP_LAWS, fit_bank, fit_device, select, without_mix
+from pipelines.stores.profile_bank import LAYER_MIX, BankError, ProfileBank
 
 pytestmark = pytest.mark.trainer
 
@@ -42,3 +42,35 @@ def test_fit_bank_fits_each_device_type_its_memory_and_tracing():
 def test_an_empty_bank_is_a_clear_error(tmp_path):
     with pytest.raises(BankError, match="no step-time rows; profile the pool first"):
         fit_bank(ProfileBank(str(tmp_path / "bank")).steps())
+
+
+def test_the_layer_mix_laws_learn_what_normalisation_and_embeddings_cost():
+    """Steps that cost more per byte of batch-norm output and of looked-up embedding rows than the
+    plain activations say: only a law with the layer mix predicts models it has not seen."""
+    rows = synthetic_rows("fast", "k", models=24)
+    for r in rows:
+        r["step_s"] += r["batch"] * (3e-9 * r["norm_bytes_per_sample"] + 6e-9 * r["embedding_bytes_per_sample"])
+    law = select(rows, "step_s", STEP_LAWS)
+    assert law.name == "conv+dense+activations+norm+embedding+params+layers" and law.cv_mape < 0.01
+    plain = min(law.candidates[name] for name in without_mix(STEP_LAWS))
+    assert plain > 5 * law.cv_mape
+    coef = dict(zip(["intercept", *law.const, *law.per_sample], law.coef, strict=True))
+    assert coef["norm_bytes_per_sample"] == pytest.approx(3e-9, rel=0.02)
+    assert coef["embedding_bytes_per_sample"] == pytest.approx(6e-9, rel=0.02)
+
+
+def test_rows_without_the_layer_mix_keep_the_older_laws_until_enough_models_have_it():
+    old = [{k: v for k, v in r.items() if k not in LAYER_MIX} for r in synthetic_rows("fast", "k", models=8)]
+    fit = fit_device(old)  # a bank written before the layer mix: as before
+    assert set(fit["step"].candidates) == set(without_mix(STEP_LAWS)) and fit["step"].models == 8
+    new = synthetic_rows("fast", "k", models=MIN_MIX_MODELS + 4, seed=1)
+    new = [{**r, "model_key": f"new-{r['model_key']}"} for r in new]
+    few = [r for r in new if int(r["model_key"].removeprefix("new-key")) < MIN_MIX_MODELS - 1]
+    fit = fit_device(old + few)  # too few models with it: every row, the older laws
+    assert set(fit["step"].candidates) == set(without_mix(STEP_LAWS)) and fit["step"].models == 8 + MIN_MIX_MODELS - 1
+    fit = fit_device(old + new)  # enough: those rows alone, every law
+    assert set(fit["step"].candidates) == set(STEP_LAWS) and fit["step"].models == MIN_MIX_MODELS + 4
+    # an old row of a model measured again since reads the layer mix of its newer twin
+    twin = {k: v for k, v in new[0].items() if k not in LAYER_MIX}
+    fit = fit_device([twin, *old[:3], *new])
+    assert set(fit["step"].candidates) == set(STEP_LAWS) and fit["step"].rows == 1 + len(new)

@@ -43,7 +43,8 @@ def test_an_example_builds_with_one_logit_per_class():
 
 
 def test_an_unknown_name_lists_the_examples():
-    with pytest.raises(ModelError, match=r"model\.name 'smal_cnn': unknown model; use one of \['conv_net', 'small_cnn'"):
+    with pytest.raises(ModelError, match=r"model\.name 'smal_cnn': unknown model; use one of \['conv_net', 'embedding_net', "
+                                          r"'residual_cnn', 'separable_cnn', 'small_cnn'"):
         resolve_model("smal_cnn")
 
 

@@ -58,3 +58,25 @@ def test_a_file_with_a_bad_value_names_file_row_and_field(tmp_path):
     pq.write_table(pa.Table.from_pylist(rows), tmp_path / "bank" / "steps" / "part-zz-nan.parquet")
     with pytest.raises(BankError, match=r"part-zz-nan.parquet, row 2: step_s must be a finite number, got nan"):
         bank.steps()
+
+
+def test_a_file_written_before_the_layer_mix_loads_and_reads_its_models_newer_twin(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from pipelines.stores.profile_bank import LAYER_MIX
+
+    bank = ProfileBank(str(tmp_path / "bank"))
+    (tmp_path / "bank" / "steps").mkdir(parents=True)
+    old = [{k: v for k, v in r.items() if k not in LAYER_MIX} for r in synthetic_rows("fast", "k", models=2)]
+    pq.write_table(pa.Table.from_pylist(old), tmp_path / "bank" / "steps" / "part-0-old.parquet")
+    rows = bank.steps()
+    assert len(rows) == 6 and all(r.get(k) is None for r in rows for k in LAYER_MIX)
+    again = synthetic_rows("fast", "k", models=1, seed=5)  # the first model (key0) measured again, with the layer mix
+    bank.append("steps", [{**r, "model_key": "key0"} for r in again])
+    rows = bank.steps()
+    for r in rows:
+        if r["model_key"] == "key0":
+            assert {k: r[k] for k in LAYER_MIX} == {k: again[0][k] for k in LAYER_MIX}
+        else:
+            assert all(r.get(k) is None for k in LAYER_MIX)
