@@ -25,6 +25,7 @@ from pipelines.spec import JobSpec
 from pipelines.stores.models import ModelStore
 from pipelines.stores.run_records import record_run
 from pipelines.stores.rundir import RunDir, input_key, write_json, write_text
+from pipelines.tracking.stages import Tracking
 
 __all__ = ["REPORT_VERSION", "analyze", "derived_metrics", "run"]
 
@@ -160,10 +161,12 @@ def compare_versions(
 
 def run(spec: JobSpec, run_dir: RunDir, ctx: StageContext) -> dict[str, Any]:
     """Analyse a finished run (:func:`analyze`), then rewrite the DAG's history page
-    (:func:`refresh_history`), also when the stored result of a finished analysis is returned."""
+    (:func:`refresh_history`), also when the stored result of a finished analysis is returned; with
+    ``tracking.mlflow_uri`` log the metrics and the report to MLflow (the result's ``mlflow``)."""
+    tracking = Tracking.start(spec, ctx)  # an unusable MLflow stops the stage here, before the evaluation
     result = analyze(spec, run_dir, ctx)
     refresh_history(run_dir, ctx.dag_id, ctx.run_id)
-    return result
+    return {**result, **tracking.analyzed(result)}
 
 
 def analyze(spec: JobSpec, run_dir: RunDir, ctx: StageContext) -> dict[str, Any]:

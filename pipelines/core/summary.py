@@ -154,6 +154,18 @@ def _promote(r: Mapping[str, Any]) -> list[str]:
     return [head, f"why: {_cut(r.get('reason', '-'))} (promotion.mode {r.get('mode', '?')})"]
 
 
+def _mlflow(m: Mapping[str, Any]) -> str:
+    """The MLflow line of publish, analyze and promote with tracking.mlflow_uri (the result's ``mlflow``)."""
+    parts = [f"mlflow: run {m.get('run_id', '?')}"]
+    if m.get("model_version") is not None:
+        parts.append(f"{m.get('registered_model', '?')} version {m['model_version']}")
+    if m.get("alias"):
+        parts.append(f"alias {m['alias']}")
+    if m.get("metrics") is not None:
+        parts.append(f"{m['metrics']} metrics and the report")
+    return ", ".join(parts) + (f" ({m['url']})" if m.get("url") else "")
+
+
 def _profile(r: Mapping[str, Any]) -> list[str]:
     lines = [f"profile: {r['rows']} step-time rows of {r.get('models', '?')} models on {r.get('device', '?')} "
              f"({r.get('size', '?')} sweep) in {duration(r.get('seconds'))}", f"profile bank: {r.get('bank', '?')}"]
@@ -248,6 +260,8 @@ def summary_lines(command: str, result: Mapping[str, Any]) -> list[str]:
         lines = formatter(result) if formatter else generic_lines(command, result)
     except (KeyError, TypeError, ValueError, AttributeError):
         lines = generic_lines(command, result)
+    if isinstance(result.get("mlflow"), Mapping):
+        lines.append(_mlflow(result["mlflow"]))
     if result.get("run_dir") and result.get("stage"):
         where = f"full result: {str(result['run_dir']).rstrip('/')}/{result['stage']}/result.json (--json prints it)"
     else:

@@ -18,6 +18,7 @@ from pipelines.errors import StageError
 from pipelines.spec import JobSpec
 from pipelines.stores.models import ModelStore
 from pipelines.stores.rundir import RunDir, input_key
+from pipelines.tracking.stages import Tracking
 
 log = logging.getLogger(__name__)
 
@@ -34,7 +35,15 @@ def decide(mode: str, version: str, comparison: dict | None) -> tuple[bool, str]
 
 
 def run(spec: JobSpec, run_dir: RunDir, ctx: StageContext) -> dict[str, Any]:
-    """Returns ``{model, version, promoted, previous, mode, reason, input_key}``."""
+    """Returns ``{model, version, promoted, previous, mode, reason, input_key}``, and ``mlflow`` (the
+    alias set on the promoted version) with ``tracking.mlflow_uri``."""
+    tracking = Tracking.start(spec, ctx)  # an unusable MLflow stops the stage here, before the pointer moves
+    result = promote(spec, run_dir, ctx)
+    return {**result, **tracking.promoted(result)}
+
+
+def promote(spec: JobSpec, run_dir: RunDir, ctx: StageContext) -> dict[str, Any]:
+    """Promote this run's version when the mode and the comparison allow it (the model store only)."""
     publish, analyze = run_dir.read_result("publish"), run_dir.read_result("analyze")
     store, name, version = ModelStore(spec.model_store_uri()), spec.model_store_name(), publish["version"]
     mode = spec.promotion.mode

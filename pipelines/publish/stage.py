@@ -20,6 +20,7 @@ from pipelines.errors import StageError
 from pipelines.spec import JobSpec
 from pipelines.stores.models import WEIGHTS, ModelStore
 from pipelines.stores.rundir import RunDir, input_key
+from pipelines.tracking.stages import Tracking
 
 log = logging.getLogger(__name__)
 
@@ -56,7 +57,9 @@ def version_metadata(spec: JobSpec, ctx: StageContext, train: dict[str, Any]) ->
 
 
 def run(spec: JobSpec, run_dir: RunDir, ctx: StageContext) -> dict[str, Any]:
-    """Publish the run's model; returns ``{model, version, uri, store, published_at, input_key}``."""
+    """Publish the run's model; returns ``{model, version, uri, store, published_at, input_key}``, and
+    ``mlflow`` (its run, the registered version) with ``tracking.mlflow_uri``."""
+    tracking = Tracking.start(spec, ctx)  # an unusable MLflow stops the stage here, before the copy
     train = run_dir.read_result("train")
     out = run_dir.root / "train"
     files: dict[str, Any] = {"saved_model": Path(train.get("saved_model") or out / "saved_model"), WEIGHTS: out / WEIGHTS}
@@ -66,5 +69,6 @@ def run(spec: JobSpec, run_dir: RunDir, ctx: StageContext) -> dict[str, Any]:
     key = input_key("publish/1", ctx.dag_id, ctx.run_id, train.get("input_key"))
     meta = store.publish(name, files, version_metadata(spec, ctx, train), run_key=key)
     log.info("published %s %s at %s", name, meta["version"], meta["uri"])
-    return {"model": name, "version": meta["version"], "uri": meta["uri"], "store": store.uri,
-            "published_at": meta["published_at"], "input_key": key}
+    result = {"model": name, "version": meta["version"], "uri": meta["uri"], "store": store.uri,
+              "published_at": meta["published_at"], "input_key": key}
+    return {**result, **tracking.published(result, files["saved_model"])}

@@ -2,8 +2,9 @@
 
 The package's rooms: :mod:`~pipelines.spec.job` (the job model and its JSON schema, which the
 Airflow trigger form uses), :mod:`~pipelines.spec.pool` (the pool model),
-:mod:`~pipelines.spec.progress` (the ``progress`` section), :mod:`~pipelines.spec.loading`
-(reading specs, pools and plans, error messages), :mod:`~pipelines.spec.checks` (where a job's files
+:mod:`~pipelines.spec.progress` and :mod:`~pipelines.spec.tracking` (the ``progress`` and
+``tracking`` sections), :mod:`~pipelines.spec.loading` (reading specs, pools and plans, error
+messages), :mod:`~pipelines.spec.checks` (where a job's files
 may live, the pods' images), :mod:`~pipelines.spec.kube` (the Kubernetes API's rules for names,
 quantities and images), :mod:`~pipelines.spec.uris` (remote URIs, credentials, redaction) and
 :mod:`~pipelines.spec.base` (the errors and the strict base model).  This module only re-exports
@@ -34,6 +35,7 @@ from pipelines.spec.loading import (
 )
 from pipelines.spec.pool import DeviceType, KubernetesDevice, LocalDevice, PoolSpec
 from pipelines.spec.progress import ProgressSpec
+from pipelines.spec.tracking import TrackingSpec
 
 __all__ = [
     "SpecError",
@@ -47,6 +49,7 @@ __all__ = [
     "EstimateSpec",
     "KubernetesSpec",
     "ProgressSpec",
+    "TrackingSpec",
     "PoolSpec",
     "DeviceType",
     "LocalDevice",

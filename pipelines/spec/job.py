@@ -25,6 +25,7 @@ from pipelines.spec.base import FieldError, Problem, SpecError, Strict, field_er
 from pipelines.spec.combining import COMBINER_DOC, Combiner, CombinerOptions
 from pipelines.spec.pool import PoolSpec
 from pipelines.spec.progress import ProgressSpec
+from pipelines.spec.tracking import TrackingSpec
 
 __all__ = ["ModelSpec", "PartitionFilter", "DatasetSpec", "TrainingSpec", "PromotionSpec", "EstimateSpec",
            "KubernetesSpec", "JobSpec", "job_schema", "kubernetes_storage_problems", "check_kubernetes"]
@@ -405,6 +406,7 @@ class JobSpec(Strict):
     promotion: PromotionSpec = Field(default_factory=PromotionSpec)
     estimate: EstimateSpec = Field(default_factory=EstimateSpec)
     progress: ProgressSpec = Field(default_factory=ProgressSpec)
+    tracking: TrackingSpec = Field(default_factory=TrackingSpec)
 
     @field_validator("artifact_root")
     @classmethod
@@ -416,7 +418,8 @@ class JobSpec(Strict):
     @model_validator(mode="after")
     def _locations(self) -> JobSpec:
         places = [("dataset.uri", self.dataset.uri), ("artifact_root", self.artifact_root),
-                  ("model_store", self.model_store), ("estimate.profile_bank", self.estimate.profile_bank)]
+                  ("model_store", self.model_store), ("estimate.profile_bank", self.estimate.profile_bank),
+                  ("tracking.mlflow_uri", self.tracking.local_path() or "")]
         problems = checks.credential_problems(
             places + [(f"allowed_roots.{i}", root) for i, root in enumerate(self.allowed_roots)]
         ) or checks.remote_root_problems(self.artifact_root)
@@ -464,9 +467,10 @@ def job_schema() -> dict:
 
 def kubernetes_storage_problems(spec: JobSpec) -> list[Problem]:
     """Why this job's stage and rank pods could not share its run directory (``[]`` when they can),
-    see :func:`pipelines.spec.checks.shared_volume_problems`."""
-    return checks.shared_volume_problems(spec.artifact_root, spec.model_store, spec.estimate.profile_bank,
-                                         spec.kubernetes.artifact_volume_claim)
+    see :func:`pipelines.spec.checks.shared_volume_problems`; and a local MLflow store outside it."""
+    problems = checks.shared_volume_problems(spec.artifact_root, spec.model_store, spec.estimate.profile_bank,
+                                             spec.kubernetes.artifact_volume_claim)
+    return problems + spec.tracking.kubernetes_problems(spec.artifact_root)
 
 
 def check_kubernetes(spec: JobSpec, pool: PoolSpec | None = None) -> None:

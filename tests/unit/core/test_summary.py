@@ -123,6 +123,18 @@ def test_a_stage_names_its_result_file_and_the_json_flag():
     assert summary_lines("render", RESULTS["render"])[-1] == "full result: --json prints it as one JSON line"
 
 
+def test_with_mlflow_tracking_publish_analyze_and_promote_add_its_line():
+    mlflow = {"tracking_uri": "http://mlflow:5000", "experiment_id": "4", "run_id": "0a1b", "registered_model": "small_cnn",
+              "url": "http://mlflow:5000/#/experiments/4/runs/0a1b"}
+    published = summary_lines("publish", {**RESULTS["publish"], "mlflow": {**mlflow, "model_version": "3"}})
+    assert published[-2] == "mlflow: run 0a1b, small_cnn version 3 (http://mlflow:5000/#/experiments/4/runs/0a1b)"
+    promoted = summary_lines("promote", {**RESULTS["promote"], "mlflow": {**mlflow, "model_version": "3", "alias": "champion"}})
+    assert promoted[-2].startswith("mlflow: run 0a1b, small_cnn version 3, alias champion (")
+    analyzed = summary_lines("analyze", {**RESULTS["analyze"], "mlflow": {"run_id": "0a1b", "metrics": 12}})
+    assert analyzed[-2] == "mlflow: run 0a1b, 12 metrics and the report"
+    assert not any(line.startswith("mlflow") for line in summary_lines("publish", RESULTS["publish"]))
+
+
 def test_a_result_without_some_figures_leaves_out_their_lines():
     fixed = {"learning_rate": 0.01, "method": "fixed", "global_batch": 128, "stage": "lr_search", "run_dir": RUN}
     lines = summary_lines("lr_search", fixed)
