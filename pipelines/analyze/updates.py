@@ -4,8 +4,11 @@ training").
 
 ``updates.jsonl`` holds one JSON object per update, in arrival order: ``i``, ``worker``,
 ``staleness`` (parameter versions between the pull the update was computed on and its arrival),
-``applied``, ``samples``, ``loss``, ``version`` (the parameter version after it) and ``t`` (seconds
-since training started).  A truncated last line, as a killed writer leaves it, is ignored; any
+``applied`` (false: dropped by a combiner that drops, ``drop_stale``), ``samples``, ``loss``,
+``version`` (the parameter version after it) and ``t`` (seconds since training started); newer
+runs add the worker's clocks (``clock``, its own, ``clocks``, every worker's as it read them,
+``clock_gap`` and ``clock_gap_first``, how far ahead of the slowest it began and arrived, and
+``clock_wait_s``: pipelines.train.ps_clock).  A truncated last line, as a killed writer leaves it, is ignored; any
 other bad line raises :class:`~pipelines.errors.DataError` naming the file, the line and the field.
 """
 

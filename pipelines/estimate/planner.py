@@ -16,9 +16,9 @@ gradients) is predicted from the same step laws (docs/ARCHITECTURE.md, "The lear
     apply_s  = PS_APPLY_FIXED_S + (2 + slots) · param_bytes / (S · PS_APPLY_BPS)   (S servers, one apply at a time)
     server_s = max(apply_s, 2 · param_bytes / (S · bandwidth))   (the servers' own link carries every update)
     async:   updates/s = min(Σ_i 1 / cycle_i, 1 / server_s)        steps = applied updates, ceil(rows / b) an epoch
-    bounded: as async, but only the fastest workers whose staleness (updates the others apply during
-             their cycle, ≈ cycle_i · Σ_j 1/cycle_j − 1) stays within max_staleness count: the
-             others' updates are all dropped (a deliberately simple model: no partial acceptance)
+    bounded: stale-synchronous: no worker runs more than max_staleness updates ahead of the
+             slowest, so in the long run every worker applies at the slowest one's rate:
+             updates/s = min(N / max_i cycle_i, 1 / server_s), whatever max_staleness
     sync:    round = max(max_i cycle_i, latency + N · 2 · param_bytes / (S · bandwidth)) + apply_s,
              N · b rows a round
 
@@ -201,24 +201,24 @@ def ps_apply_s(param_bytes: float, ps: PSConfig) -> float:
 
 
 def ps_update_rates(cycles: list[float], server_s: float, mode: str, max_staleness: int) -> tuple[list[float], list[float]]:
-    """Each worker's applied updates per second and its staleness, asynchronously (``async`` or
+    """Each worker's applied updates per second and its staleness, without rounds (``async`` or
     ``bounded``; see the module docstring).  ``cycles[i]``: worker i's seconds from one pull to the next.
 
-    Worker i's staleness is the updates the others apply while it computes: ``cycle_i · R − 1`` for
-    an applied worker, ``R`` the applied updates per second.  Under ``bounded`` the applied workers
-    are the largest fastest-first prefix whose slowest stays within ``max_staleness`` (staleness
-    grows with each slower worker added, so the fastest always counts); the others' updates are
-    dropped and count for nothing.  The servers cap the sum at ``1 / server_s``.
+    ``async``: each worker at its own pace, ``1 / cycle_i``.  ``bounded`` (stale-synchronous,
+    pipelines.train.ps_clock): a worker may be at most ``max_staleness`` updates ahead of the
+    slowest, so over a run each applies at the slowest one's rate, ``1 / max_i cycle_i`` (the first
+    ``max_staleness`` updates' head start is left out); the faster ones wait the rest of the time.
+    The servers cap the sum at ``1 / server_s``.  Worker i's staleness is the updates the others
+    apply while it computes: ``cycle_i · (R − r_i)``, ``R`` the sum of the rates ``r``.
+    ``max_staleness`` changes only how far ahead a worker may start, not these long-run rates.
     """
-    order = sorted(range(len(cycles)), key=lambda i: cycles[i])
-    applied, rate = set(), 0.0
-    for i in order:
-        if mode == "bounded" and applied and cycles[i] * (rate + 1 / cycles[i]) - 1 > max_staleness:
-            break
-        applied.add(i)
-        rate += 1 / cycles[i]
+    if mode == "bounded":
+        rates = [1.0 / max(cycles)] * len(cycles)
+    else:
+        rates = [1.0 / c for c in cycles]
+    rate = sum(rates)
     scale = min(1.0, 1.0 / (server_s * rate)) if server_s > 0 else 1.0
-    rates = [scale / c if i in applied else 0.0 for i, c in enumerate(cycles)]
+    rates = [scale * r for r in rates]
     total = sum(rates)
     return rates, [c * (total - r) for c, r in zip(cycles, rates, strict=True)]
 
@@ -262,7 +262,7 @@ def score_ps_candidate(
     detail = {"update_mode": ps.update_mode, "parameter_servers": ps.servers, "exchange_s": exchange,
               "apply_s": apply_s, "server_s": server_s, "cycle_s": cycles, "staleness": staleness,
               "server_bound": ps.update_mode != "sync" and sum(rates) * server_s >= 1 - 1e-9,
-              "dropped_ranks": [i for i, r in enumerate(rates) if r == 0.0]}
+              "idle_share": [max(0.0, 1.0 - r * c) for r, c in zip(rates, cycles, strict=True)]}
     if ps.update_mode == "bounded":
         detail["max_staleness"] = ps.max_staleness
     return {"strategy": "parameter_server", **scored, "ps": detail}

@@ -34,6 +34,7 @@ auto`` :func:`pick_strategy` times both strategies on the same ranks and keeps t
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from pipelines.estimate.planner import LOCAL_BANDWIDTH_BPS
@@ -73,17 +74,31 @@ def predict_parts(plan: dict[str, Any], profiles: dict[str, dict[str, Any]], *, 
 
 def strategy_summary(plan: dict[str, Any]) -> dict[str, Any]:
     """What the estimate result says of one strategy's prediction (``strategies``)."""
-    return {"samples_per_sec": plan["predicted_samples_per_sec"], "predicted_step_s": plan["predicted_step_s"],
-            "predicted_loop_s": plan["predicted_loop_s"], "predicted_total_s": plan["predicted_total_s"],
-            "meets_deadline": plan.get("meets_deadline", True)}
+    out = {"samples_per_sec": plan["predicted_samples_per_sec"], "predicted_step_s": plan["predicted_step_s"],
+           "predicted_loop_s": plan["predicted_loop_s"], "predicted_total_s": plan["predicted_total_s"],
+           "meets_deadline": plan.get("meets_deadline", True)}
+    if "convergence" in plan:
+        c = plan["convergence"]
+        out.update(epoch_ratio=None if math.isinf(c["ratio"]) else round(c["ratio"], 4),
+                   time_to_target_s=c["time_to_target_s"], convergence_learned=c["learned"],
+                   convergence_basis=c["basis"])
+    return out
+
+
+def _to_target(plan: dict[str, Any]) -> float:
+    """The plan's predicted time to the target loss (pipelines.stores.convergence), or its run time."""
+    c = plan.get("convergence")
+    return plan["predicted_total_s"] if c is None else plan["predicted_total_s"] * c["ratio"]
 
 
 def pick_strategy(timed: list[dict[str, Any]], requested: str) -> dict[str, Any]:
     """The plan to write among ``timed`` (one per strategy, the same ranks, each with its run time
-    ``predicted_total_s`` from :func:`predict_parts`): the faster, which on the same ranks also has
-    the lower energy and cost.  It gets ``strategy``, ``strategies`` (each one's samples per second
-    and times) and ``strategy_reason``."""
-    best = min(timed, key=lambda p: (p["predicted_total_s"], p["strategy"] != "horovod"))
+    ``predicted_total_s`` from :func:`predict_parts`, and with ``strategy: auto`` its
+    ``convergence``, pipelines.stores.convergence.time_to_accuracy): the one predicted to reach
+    the target loss first, which on the same ranks also spends the least energy and cost to get
+    there.  It gets ``strategy``, ``strategies`` (each one's samples per second, times and epoch
+    ratio) and ``strategy_reason``."""
+    best = min(timed, key=lambda p: (_to_target(p), p["strategy"] != "horovod"))
     chosen = {**best, "strategies": {p["strategy"]: strategy_summary(p) for p in timed}}
     if requested != "auto":
         chosen["strategy_reason"] = f"training.strategy: {requested}"
@@ -93,11 +108,28 @@ def pick_strategy(timed: list[dict[str, Any]], requested: str) -> dict[str, Any]
     else:
         other = next(p for p in timed if p is not best)
         chosen["strategy_reason"] = (
-            f"training.strategy auto: {best['strategy']} is predicted faster on the same {len(best['ranks'])} "
-            f"rank(s), {best['predicted_total_s']:.1f} s ({best['predicted_samples_per_sec']:.0f} samples/s) against "
-            f"{other['predicted_total_s']:.1f} s ({other['predicted_samples_per_sec']:.0f} samples/s) for "
-            f"{other['strategy']}: {_why(best, next(p for p in timed if p['strategy'] == 'parameter_server'))}")
+            f"training.strategy auto: {best['strategy']} is predicted to reach the target loss first on the same "
+            f"{len(best['ranks'])} rank(s): {_speed(best)} against {_speed(other)} for {other['strategy']}; "
+            f"{_why(best, next(p for p in timed if p['strategy'] == 'parameter_server'))}; "
+            f"{_convergence_why(timed)}")
     return chosen
+
+
+def _speed(plan: dict[str, Any]) -> str:
+    """One plan's run time, speed and (when it differs) time to the target, in words."""
+    words = f"{plan['predicted_total_s']:.1f} s ({plan['predicted_samples_per_sec']:.0f} samples/s)"
+    c = plan.get("convergence")
+    if c is not None and c["ratio"] != 1.0:
+        words += (" and never reaches the target" if math.isinf(c["ratio"])
+                  else f" × {c['ratio']:.2f} epochs = {_to_target(plan):.1f} s to the target")
+    return words
+
+
+def _convergence_why(timed: list[dict[str, Any]]) -> str:
+    """Why the epoch ratios are what they are (the bank's runs, or not learned yet)."""
+    ps = next(p for p in timed if p["strategy"] == "parameter_server")
+    c = ps.get("convergence")
+    return "epochs per strategy not compared" if c is None else f"epochs: {c['basis']}"
 
 
 def _why(best: dict[str, Any], ps_plan: dict[str, Any]) -> str:
@@ -105,13 +137,16 @@ def _why(best: dict[str, Any], ps_plan: dict[str, Any]) -> str:
     ps = ps_plan["ps"]
     compute = sum(ps["cycle_s"]) / len(ps["cycle_s"]) - ps["exchange_s"]  # a worker's mean step at its batch
     if best is ps_plan:
-        return ("its workers do not wait for the slowest rank, and exchanging the parameters "
+        waits = ("its workers wait for the slowest rank only when more than max_staleness updates ahead of it"
+                 if ps.get("update_mode") == "bounded" else "its workers do not wait for the slowest rank")
+        return (f"{waits}, and exchanging the parameters "
                 f"({ps['exchange_s'] * 1e3:.2f} ms an update) is cheap beside the compute")
     if ps["exchange_s"] > compute:
         return (f"a parameter-server update's exchange of the parameters ({ps['exchange_s'] * 1e3:.2f} ms) "
                 f"costs more than its compute ({compute * 1e3:.2f} ms), where the allreduce moves them once a step")
     if ps["server_bound"]:
         return f"the servers apply one update at a time ({ps['server_s'] * 1e3:.2f} ms each)"
-    if ps["dropped_ranks"]:
-        return f"ranks {ps['dropped_ranks']} would lag more than max_staleness and their updates be dropped"
+    if ps.get("update_mode") == "bounded":
+        return ("in bounded mode every worker keeps to the slowest one's pace (at most max_staleness updates "
+                "ahead), as a synchronous step does, and exchanges the parameters on top")
     return "the synchronous ranks are balanced well enough that the workers' extra exchanges do not pay"

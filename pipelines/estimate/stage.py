@@ -43,6 +43,7 @@ from pipelines.estimate.probe import probe_pool
 from pipelines.estimate.runtime import DEFAULT_LINK, learned_corrections, pick_strategy, predict_parts
 from pipelines.models import build_model
 from pipelines.spec import JobSpec, PoolSpec, load_pool, pool_profiles_path
+from pipelines.stores.convergence import time_to_accuracy
 from pipelines.stores.profile_bank import ProfileBank, bank_features, device_key, features_key, now, pool_key
 from pipelines.stores.rundir import RunDir, input_key, write_json
 
@@ -240,6 +241,8 @@ def run(spec: JobSpec, run_dir: RunDir, ctx: StageContext) -> dict:
     corrections = learned_corrections(bank.runs(), pkey)
     alternative = planned.pop("alternative", None)  # auto: the other strategy on the same ranks
     timed = [_timed(spec, p, profiles, features, corrections) for p in (planned, alternative) if p is not None]
+    if spec.training.strategy == "auto":  # by time to the target loss, not throughput alone
+        timed = time_to_accuracy(timed, bank.read("convergence"), pkey, model_key, spec.training)
     chosen = pick_strategy(timed, spec.training.strategy)
     _check_deadline(spec, chosen)
     write_json(out_dir / "plan.json", chosen)

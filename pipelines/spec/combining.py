@@ -22,9 +22,10 @@ __all__ = ["Combiner", "CombinerOptions", "COMBINER_DOC", "COMBINER_OPTIONS_DOC"
 COMBINER_DOC = (
     'How a parameter server merges an update: "plain" (as it is), "staleness_aware" (its gradient weighed by '
     '1 / (1 + its staleness)), "window_average" (the sample-weighted mean of combine_window updates), "dc_asgd" '
-    "(delay-compensated: g + lambda * g * g * (parameters now - parameters the worker read)), a name registered "
-    'with pipelines.train.combiners.register, or "package.module:name" (a factory in that module, or a name the '
-    "module registers when imported). Checked before any work starts."
+    "(delay-compensated: g + lambda * g * g * (parameters now - parameters the worker read)), "
+    '"drop_stale" (as plain, but an update more than max_staleness changes stale is dropped, its rows not trained '
+    'again), a name registered with pipelines.train.combiners.register, or "package.module:name" (a factory in '
+    "that module, or a name the module registers when imported). Checked before any work starts."
 )
 COMBINER_OPTIONS_DOC = (
     "Options for the combiner, given to its factory with the worker count (dc_asgd: lambda, adaptive, "

@@ -38,7 +38,8 @@ class ModelSpec(Strict):
 
     name: str = Field(
         "small_cnn",
-        description='A named example model ("small_cnn", "tiny_mlp", "conv_net") or "package.module:build_function": '
+        description='A named example model ("small_cnn", "tiny_mlp", "conv_net", "residual_cnn", "separable_cnn", '
+        '"embedding_net") or "package.module:build_function": '
         "a function of input_shape, num_classes and model.kwargs that returns an uncompiled Keras model with "
         "one logit per class.",
     )
@@ -167,12 +168,16 @@ class TrainingSpec(Strict):
     )
     update_mode: Literal["async", "bounded", "sync"] = Field(
         "async",
-        description="Parameter-server strategy only. async: each update is applied as it arrives; bounded: an "
-        "update computed on parameters more than max_staleness changes old is not applied (its rows are trained "
-        "again); sync: one round of updates, one per worker, averaged before one apply.",
+        description="Parameter-server strategy only. async: each update is applied as it arrives; bounded: "
+        "stale-synchronous parallel (SSP): a worker more than max_staleness updates ahead of the slowest live "
+        "worker waits before it computes, so no update is applied more than (workers - 1) * (2 * max_staleness "
+        "+ 1) changes stale and nothing is refused; sync: one round of updates, one per worker, averaged before "
+        "one apply.",
     )
     max_staleness: int = Field(
-        4, ge=0, le=1000, description="update_mode bounded: the most parameter changes an applied update may lag."
+        4, ge=0, le=1000,
+        description="update_mode bounded: the most updates (clocks) a worker may be ahead of the slowest live "
+        "worker when it begins one; combiner drop_stale: the most parameter changes an applied update may lag.",
     )
     combiner: Combiner = Field("plain", description=COMBINER_DOC)
     combiner_options: CombinerOptions = Field(default_factory=dict)  # after combiner: its check needs the name

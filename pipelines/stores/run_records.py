@@ -12,6 +12,7 @@ import json
 import math
 from typing import Any
 
+from pipelines.stores.convergence import convergence_row
 from pipelines.stores.profile_bank import ProfileBank, bank_features, now
 
 PARTS = ("startup", "calibration", "tracing", "steps", "checkpoints", "other")
@@ -142,12 +143,13 @@ def record_run(bank_uri: str, estimate: dict[str, Any], summary: dict[str, Any],
     the ranks' steps of another strategy (a parameter-server run's workers do not wait in an
     allreduce) would teach the Horovod prediction wrong corrections and wrong step times, so such a
     run is left out, the bank untouched, with ``why_not`` saying so."""
+    bank = ProfileBank(bank_uri)
+    converged = record_convergence(bank, estimate, summary, run)
     strategy = summary.get("strategy") or LEARNS_FROM
     if strategy != LEARNS_FROM:
-        return {"recorded": False, "step_rows_added": 0, "parts": None, "earlier": [],
+        return {"recorded": False, "step_rows_added": 0, "parts": None, "earlier": [], "convergence_recorded": converged,
                 "why_not": f"a {strategy} run: the estimator learns only from {LEARNS_FROM} runs' parts and steps"}
 
-    bank = ProfileBank(bank_uri)
     runs = bank.runs()
     pool, model = estimate.get("pool_key"), estimate.get("model_key")
     earlier = sorted((r for r in runs if r["pool_key"] == pool and r["model_key"] == model and r["run"] != run),
@@ -169,8 +171,20 @@ def record_run(bank_uri: str, estimate: dict[str, Any], summary: dict[str, Any],
         "recorded": record is not None,
         "why_not": None if record is not None else "a resumed run, or no timings: it says nothing about a whole run",
         "step_rows_added": added,
+        "convergence_recorded": converged,
         "parts": json.loads(record["parts"]) if record else None,
         "earlier": [{"run": r["run"], "predicted_s": r["predicted_s"], "actual_s": r["actual_s"],
                      "error": (r["predicted_s"] - r["actual_s"]) / r["actual_s"], "recorded_at": r["recorded_at"]}
                     for r in earlier][-20:],
     }
+
+
+def record_convergence(bank: ProfileBank, estimate: dict[str, Any], summary: dict[str, Any], run: str) -> bool:
+    """Add the run's training-loss curve to the bank's ``convergence`` table, once per ``run``, for
+    either strategy (pipelines.stores.convergence: time to accuracy); whether the bank has it now."""
+    if any(r["run"] == run for r in bank.read("convergence")):
+        return True
+    row = convergence_row(estimate, summary, run, now())
+    if row is not None:
+        bank.append("convergence", [row])
+    return row is not None

@@ -16,7 +16,8 @@ imported, and ``name`` is a factory in it or a name it registered.  Either way i
 A ``combine`` that keeps no state between updates and always changes the parameters may say
 ``combine.lock_free = True``: in async mode it then runs without the lock, concurrently with other
 updates (``server.apply`` is atomic per variable), as the shipped ``plain`` and ``staleness_aware``
-do.
+do.  A ``combine`` that says ``combine.drops = True`` means by a False "dropped" rather than "held"
+(the shipped ``drop_stale``): the chief then counts the update as dropped.
 
 ``server`` (``pipelines.train.ps_server.Server``) holds the parameters (``server.variables``) and
 applies the job's optimizer with ``server.apply(gradients, learning_rate, gradient_scale=None)``
@@ -50,6 +51,7 @@ COMBINERS: dict[str, str] = {
     "staleness_aware": "pipelines.train.combiners:staleness_aware",
     "window_average": "pipelines.train.combiners:window_average",
     "dc_asgd": "pipelines.train.combiners:dc_asgd",
+    "drop_stale": "pipelines.train.combiners:drop_stale",
 }
 RESERVED = ("window", "max_staleness", "workers", "mode")  # the context's own keys
 NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_.-]*$")  # a registered name: no ':' (that is a module's)
@@ -269,6 +271,26 @@ def window_average(server, options: Mapping):
 
         return tf.cond(full, flush, lambda: tf.constant(False))
 
+    return combine
+
+
+def drop_stale(server, options: Mapping):
+    """Apply an update as ``plain`` does when its staleness τ is at most ``options["max_staleness"]``
+    (``training.max_staleness``); drop it otherwise.  A dropped update changes nothing, and its rows
+    are **not** trained again: they miss this epoch (the chief counts the update as dropped, in the
+    result's ``dropped_updates`` and ``updates.jsonl``'s ``applied``).  This is what ``bounded``
+    mode did before it became stale-synchronous; in ``bounded`` mode τ is already at most
+    (N − 1)(2s + 1) (``pipelines.train.ps_clock``), so it drops only what lies between s and that."""
+    import tensorflow as tf
+
+    limit = int(options.get("max_staleness", 0))
+
+    def combine(update):
+        fresh = tf.cast(update.staleness, tf.int64) <= limit
+        return tf.cond(fresh, lambda: tf.cast(server.apply(update.gradients, update.learning_rate), tf.bool),
+                       lambda: tf.constant(False))
+
+    combine.drops = True  # a False is a drop; not lock-free: the version is claimed only on a change
     return combine
 
 

@@ -4,15 +4,20 @@ training").
 
 The chief walks each epoch's permutation (seeded as in Horovod mode) in batches of
 b = B / N rows, and schedules one update per batch with ``ClusterCoordinator.schedule``; the
-coordinator hands it to whichever worker is free, so a faster worker does more updates.  At most
-two updates per worker are in flight.  A refused update (``bounded``) has its rows trained again.
-In ``sync`` mode the chief schedules a round of N updates, waits for it, and applies the round's
-mean once.  A checkpoint waits for the updates in flight, so it holds every update before it.
+coordinator hands it to whichever worker is free, so a faster worker does more updates (in
+``bounded`` mode, at most ``max_staleness`` more than the slowest: ``pipelines.train.ps_clock``).
+At most two updates per worker are in flight.  A deferred update (``bounded``: it gave up waiting
+for an idle worker and computed nothing) has its rows scheduled again; a dropped one (a combiner
+that drops, ``drop_stale``) does not.  In ``bounded`` mode a thread probes the workers and takes a
+lost one out of the clocks' minimum.  In ``sync`` mode the chief schedules a round of N updates,
+waits for it, and applies the round's mean once.  A checkpoint waits for the updates in flight, so
+it holds every update before it.
 """
 
 from __future__ import annotations
 
 import collections
+import contextlib
 import dataclasses
 import json
 import logging
@@ -24,14 +29,16 @@ from pipelines.models import build_model
 from pipelines.sync.balance import compute_shares, scaled_learning_rate, scheduled_lr
 from pipelines.train.checkpoints import Checkpoints
 from pipelines.train.combiners import make_combiner
+from pipelines.train.ps_clock import TIMEOUT_MARK, ClockWaitTimeout
 from pipelines.train.ps_cluster import (
+    LostWorkerWatch,
     ParameterServerLost,
     strategy,
     task_of,
     unreachable_servers,
     wait_for_tasks,
 )
-from pipelines.train.ps_server import MOMENTUM, RECORD, Server, build_update
+from pipelines.train.ps_server import MOMENTUM, Server, build_update, parse_record
 from pipelines.train.ps_summary import Tally, parameter_server_section, worker_figures
 from pipelines.train.rank_job import DivergedError, TrainingError, load_job
 from pipelines.train.result import PARAMETER_SERVER, RunFigures, RunSummary
@@ -49,7 +56,7 @@ class Pending:
     """An update scheduled and not yet collected."""
 
     value: object  # the coordinator's RemoteValue
-    rows: object  # the row indices it trains on (trained again when refused)
+    rows: object  # the row indices it trains on (trained again when deferred or lost on the way)
 
 
 class Chief(TrainingRun):
@@ -73,7 +80,7 @@ class Chief(TrainingRun):
         with self.strategy.scope():
             self.model = build_model(job.spec.model.name, job.shape, job.spec.dataset.num_classes, job.spec.model.kwargs)
         self.momentum = server_momentum(t, self.workers)
-        self.server = server = Server(self.strategy, self.model, t.optimizer, self.momentum)
+        self.server = server = Server(self.strategy, self.model, t.optimizer, self.momentum, self.workers)
         try:
             self.combine = make_combiner(server, t, self.workers)
         except ValueError as e:
@@ -86,7 +93,7 @@ class Chief(TrainingRun):
         self.updates_file = job.out / UPDATES_FILE
         self.records: list[dict] = []  # updates not yet written to the update log
         self.window: list[dict] = []  # the current window's update records
-        self.step = 0  # admitted updates (async, bounded) or rounds (sync): the schedule's step
+        self.step = 0  # applied updates (async, bounded) or rounds (sync): the schedule's step
         self.started = self.window_t0 = time.perf_counter()
         self.transients = 0  # updates that failed on the way and were scheduled again
         self.transient_errors = (tf.errors.UnavailableError, tf.errors.CancelledError, tf.errors.AbortedError)
@@ -110,15 +117,20 @@ class Chief(TrainingRun):
         self.started = self.window_t0 = time.perf_counter()
         self.start_progress(self.step)
         try:
-            for epoch in range(int(ckpt.epoch.numpy()), job.epochs):
-                order = epoch_permutation(n, t.seed, epoch)
-                if self.run_epoch(epoch, order, int(ckpt.pos.numpy())):
-                    break  # --max-steps reached
-                ckpt.mark(epoch + 1, 0)
-                self.save(self.step)
-                log.info("epoch %d done: loss %.4f accuracy %.4f step %d", epoch, *self.last, self.step)
+            with self.watch():
+                for epoch in range(int(ckpt.epoch.numpy()), job.epochs):
+                    order = epoch_permutation(n, t.seed, epoch)
+                    if self.run_epoch(epoch, order, int(ckpt.pos.numpy())):
+                        break  # --max-steps reached
+                    ckpt.mark(epoch + 1, 0)
+                    self.save(self.step)
+                    log.info("epoch %d done: loss %.4f accuracy %.4f step %d", epoch, *self.last, self.step)
         except self.tf.errors.UnavailableError as e:
             raise self.lost(e) from None
+        except self.tf.errors.InvalidArgumentError as e:
+            if TIMEOUT_MARK not in str(e):
+                raise
+            raise self.stalled(e) from None
         train_s = time.time() - began
         self.end_window()
         self.save(self.step)
@@ -165,17 +177,36 @@ class Chief(TrainingRun):
         return Pending(value, rows)
 
     def collect(self, pending: Pending, flight: collections.deque) -> None:
-        """Wait for one update and record it; a refused one, or one lost with its worker, is
+        """Wait for one update and record it; a deferred one, or one lost with its worker, is
         scheduled again (same rows)."""
         try:
-            r = dict(zip(RECORD, pending.value.fetch().tolist(), strict=True))
+            r = parse_record(pending.value.fetch())
         except self.transient_errors as e:
             self.transient(e)
             flight.append(self.schedule(pending.rows))
             return
-        self.record(r)
-        if not bool(r["admitted"]):
+        if r["deferred"]:
+            log.debug("worker %d deferred an update after %.2f s: the workers it waited for were idle",
+                      r["worker"], r["clock_wait_s"])
+            self.tally.defer(r)
             flight.append(self.schedule(pending.rows))
+            return
+        self.record(r)
+
+    def watch(self):
+        """In ``bounded`` mode, the thread that takes a lost worker out of the clocks' minimum."""
+        if self.mode != "bounded" or self.workers < 2:
+            return contextlib.nullcontext()
+
+        def on_lost(worker: int) -> None:
+            try:
+                self.server.clocks.mark_lost(worker)
+                log.warning("worker %d (%s) does not answer: the others no longer wait for its clock", worker,
+                            self.cluster["worker"][worker])
+            except Exception as e:  # a server gone too: the main loop fails the task
+                log.warning("could not mark worker %d lost: %s", worker, e)
+
+        return LostWorkerWatch(self.cluster.get("worker", []), on_lost)
 
     def transient(self, error) -> None:
         """An update failed on the way (a worker lost while it ran, or cancelled with it): fine
@@ -188,9 +219,15 @@ class Chief(TrainingRun):
                     (str(error).splitlines() or [""])[0])
 
     def settle(self, flight: collections.deque) -> None:
-        """Collect every update in flight, and the re-tries of refused ones."""
+        """Collect every update in flight, and the re-tries of deferred ones (in ``bounded`` mode
+        the servers are told: a wait for an idle worker then gives up at once)."""
+        draining = self.mode == "bounded" and bool(flight)
+        if draining:
+            self.server.clocks.drain(True)
         while flight:
             self.collect(flight.popleft(), flight)
+        if draining:
+            self.server.clocks.drain(False)
 
     def sync_round(self, order, pos: int) -> int:
         """One round: an update per worker on the next rows, then the round's mean applied once."""
@@ -218,13 +255,14 @@ class Chief(TrainingRun):
             raise DivergedError(f"loss is {loss} at update {sum(self.tally.updates) + 1} "
                                 f"(step {self.step}); last good checkpoint: {self.checkpoints.manager.latest_checkpoint}")
         self.tally.add(r, t)
-        admitted = bool(r["admitted"])
+        admitted = r["admitted"]
         if admitted and self.mode != "sync":
             self.step += 1
-        row = {"worker": int(r["worker"]), "staleness": int(r["staleness"]), "applied": admitted,
-               "samples": int(r["samples"]), "loss": loss, "version": int(r["version"]), "t": round(t, 4),
-               "compute_s": float(r["compute_s"]), "wait_s": float(r["wait_s"]),
-               "correct": float(r["correct"])}
+        row = {"worker": r["worker"], "staleness": r["staleness"], "applied": admitted,
+               "samples": int(r["samples"]), "loss": loss, "version": r["version"], "t": round(t, 4),
+               "compute_s": r["compute_s"], "wait_s": r["wait_s"], "correct": r["correct"],
+               "clock": r["clock"], "clock_gap": r["clock_gap"], "clock_gap_first": r["clock_gap_first"],
+               "clock_wait_s": r["clock_wait_s"], "clocks": r["clocks"]}
         self.records.append(row)
         self.window.append(row)
         if len(self.window) >= 10 * self.workers:
@@ -246,7 +284,7 @@ class Chief(TrainingRun):
             "accuracy": sum(r["correct"] for r in done) / max(1.0, sum(r["samples"] for r in done)),
             "lr": scheduled_lr(self.step, self.rate, self.warmup, self.total_steps, self.t.lr_schedule),
             "batches": [self.batch] * self.workers, "samples": samples, "compute_s": compute,
-            "wait_s": [sum(r["wait_s"] for r in p) for p in per], "input_s": [0.0] * self.workers,
+            "wait_s": [sum(r["wait_s"] + r["clock_wait_s"] for r in p) for p in per], "input_s": [0.0] * self.workers,
             "rate": [s / max(c, 1e-9) for s, c in zip(samples, compute, strict=True)],
             "seconds": seconds, "loop_s": seconds, "efficiency": compute_shares(compute, seconds),
             "updates": [len(p) for p in per],
@@ -301,6 +339,13 @@ class Chief(TrainingRun):
                                        f"the task fails and {resume}")
         return ParameterServerLost(f"parameter server lost: {', '.join(gone)} does not answer ({cause}); the variables "
                                    f"it held are gone, so the task fails; {resume}")
+
+    def stalled(self, error) -> ClockWaitTimeout:
+        """The error for a bounded-mode wait that timed out (the message names both workers)."""
+        text = next((line for line in str(error).splitlines() if TIMEOUT_MARK in line), str(error))
+        text = text[text.index(TIMEOUT_MARK):].rstrip("]")
+        return ClockWaitTimeout(f"training.update_mode bounded: {text}; the task fails and the retry resumes from "
+                                f"the last checkpoint ({self.checkpoints.manager.latest_checkpoint or 'none'})")
 
     # ------------------------------------------------------------------------------ the end
 

@@ -74,3 +74,37 @@ def strategy(tf: Any, num_ps: int):
     resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
     partitioner = tf.distribute.experimental.partitioners.FixedShardsPartitioner(num_ps) if num_ps > 1 else None
     return tf.distribute.experimental.ParameterServerStrategy(resolver, variable_partitioner=partitioner)
+
+
+class LostWorkerWatch:
+    """A thread on the chief that probes every worker's address every ``every_s`` seconds and
+    calls ``on_lost(index)`` once for a worker that refused ``misses`` probes in a row (its process
+    is gone): ``bounded`` mode's clocks then stop waiting for it (``pipelines.train.ps_clock``).
+    ``lost`` holds the indices reported so far."""
+
+    def __init__(self, addresses: list[str], on_lost, every_s: float = 0.5, misses: int = 2):
+        import threading
+
+        self.addresses, self.on_lost, self.every_s, self.misses = list(addresses), on_lost, float(every_s), int(misses)
+        self.lost: set[int] = set()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="lost-worker-watch", daemon=True)
+
+    def __enter__(self) -> LostWorkerWatch:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5.0)
+
+    def _run(self) -> None:
+        missed = [0] * len(self.addresses)
+        while not self._stop.wait(self.every_s):
+            for i, address in enumerate(self.addresses):
+                if i in self.lost:
+                    continue
+                missed[i] = 0 if reachable(address, timeout=1.0) else missed[i] + 1
+                if missed[i] >= self.misses:
+                    self.lost.add(i)
+                    self.on_lost(i)

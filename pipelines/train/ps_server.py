@@ -1,31 +1,39 @@
 """What the parameter servers hold and do: the parameters and their optimizer state, the version
-counter, the update a worker runs, and where each part of it runs (docs/ARCHITECTURE.md,
-"Parameter-server training").
+counter, the workers' clocks, the update a worker runs, and where each part of it runs
+(docs/ARCHITECTURE.md, "Parameter-server training").
 
 Where things run:
 
-- **worker**: reading the version, pulling the parameters, the forward and backward pass;
-- **servers**: the optimizer step.  Each variable (each shard of a sharded one) is updated by one
-  fused TensorFlow op (``ResourceApplyKerasMomentum`` for SGD with momentum, ``ResourceApplyAdam``),
-  placed on the server that holds it, with ``use_locking``: only the gradient travels, and two
-  updates to the same variable never interleave.  The fused ops are what TensorFlow's own
-  optimizers run for these rules, so the arithmetic is theirs, not a copy written here.
+- **worker**: in ``bounded`` mode, the wait for its clock (``pipelines.train.ps_clock``); reading
+  the version, pulling the parameters, the forward and backward pass;
+- **servers**: the optimizer step, the version and the clocks.  Each variable (each shard of a
+  sharded one) is updated by one fused TensorFlow op (``ResourceApplyKerasMomentum`` for SGD with
+  momentum, ``ResourceApplyAdam``), placed on the server that holds it, with ``use_locking``: only
+  the gradient travels, and two updates to the same variable never interleave.  The fused ops are
+  what TensorFlow's own optimizers run for these rules, so the arithmetic is theirs, not a copy
+  written here;
+- **chief**: the scheduling, the checkpoints and the logs (``pipelines.train.ps_chief``).
 
-A worker's update (:func:`build_update`) reads the parameter version, computes its gradients on the
-parameters it pulls (copying them for itself on the servers when the combiner asked for them,
+A worker's update (:func:`build_update`) reads the clocks (and in ``bounded`` mode waits for them,
+or hands its rows back unrun: ``deferred``), reads the parameter version, computes its gradients on
+the parameters it pulls (copying them for itself on the servers when the combiner asked for them,
 :meth:`Server.keep_reads`), measures its staleness τ (parameter changes since it read the version),
-and hands the update to the combiner (``pipelines.train.combiners``) unless the mode refuses it:
+hands the update to the combiner (``pipelines.train.combiners``) and ticks its clock:
 
-- ``async`` with a lock-free combiner (``plain``, ``staleness_aware``): **no global lock**.  The
-  update claims the next version with one atomic ``assign_add`` on the counter (so τ is the
-  claimed version less one, less the version it read) and applies its per-variable updates; updates
-  to different variables, or to different servers' shards, run at the same time;
-- ``async`` with any other combiner, and ``bounded``: the claim, the check and the combine run
-  under one ``tf.CriticalSection`` (a combiner that keeps state between updates, a window's sum,
-  needs it; a user's combiner is not assumed to be safe without it).  ``bounded`` refuses an
-  update with τ > ``max_staleness`` (the chief trains its rows again);
+- ``async`` and ``bounded`` with a lock-free combiner (``plain``, ``staleness_aware``): **no
+  global lock**.  The update claims the next version with one atomic ``assign_add`` on the counter
+  (so τ is the claimed version less one, less the version it read) and applies its per-variable
+  updates; updates to different variables, or to different servers' shards, run at the same time;
+- ``async`` and ``bounded`` with any other combiner: the claim and the combine run under one
+  ``tf.CriticalSection`` (a combiner that keeps state between updates, a window's sum, needs it; a
+  user's combiner is not assumed to be safe without it);
 - ``sync``: every update of a round is added to the round's sample-weighted sum;
   :meth:`Server.apply_round` combines the round's mean once, after the round.
+
+``bounded`` refuses nothing: its bound is the clocks' (no update begins more than
+``max_staleness`` clocks ahead of the slowest live worker, so none is combined more than
+(N − 1)(2s + 1) changes stale: ``pipelines.train.ps_clock``).  The ``drop_stale`` combiner drops
+updates staler than ``max_staleness`` in any mode.
 
 The version counts parameter changes: it grows by one whenever the combiner reports a change.
 Variables created under the strategy's scope are placed on the parameter servers (sharded over
@@ -37,10 +45,31 @@ from __future__ import annotations
 
 from typing import Any, NamedTuple
 
-# What an update returns, in this order (one float64 vector).
-RECORD = ("loss", "correct", "samples", "staleness", "admitted", "version", "worker", "compute_s", "wait_s")
+from pipelines.train.ps_clock import Clocks
+
+# What an update returns, in this order (one float64 vector), followed by every worker's clock as
+# the update read it when it began computing (parse_record).  ``admitted``: the combiner kept it
+# (false only for one that drops updates, combine.drops); ``clock``: its worker's clock (the
+# update's index among its worker's); ``clock_gap``: that clock less the slowest worker's (the
+# slowest live one's, once a worker is lost in bounded mode) when it began computing
+# (``clock_gap_first``: when it arrived); ``clock_wait_s``: the time it spent reading and waiting
+# for the clocks; ``deferred``: it gave up waiting and computed nothing (its rows go back).
+RECORD = ("loss", "correct", "samples", "staleness", "admitted", "version", "worker", "compute_s", "wait_s",
+          "clock", "clock_gap", "clock_gap_first", "clock_wait_s", "deferred")
+INTEGERS = ("staleness", "version", "worker", "clock", "clock_gap", "clock_gap_first")
 MOMENTUM = 0.9  # SGD, as pipelines.sync.step.make_optimizer
 ADAM = (0.9, 0.999, 1e-7)  # beta_1, beta_2, epsilon: Keras' defaults
+
+
+def parse_record(values) -> dict[str, Any]:
+    """An update's returned vector as a dict: the :data:`RECORD` figures and ``clocks``."""
+    values = [float(v) for v in values]
+    r: dict[str, Any] = dict(zip(RECORD, values[: len(RECORD)], strict=True))
+    for key in INTEGERS:
+        r[key] = int(r[key])
+    r["admitted"], r["deferred"] = bool(r["admitted"]), bool(r["deferred"])
+    r["clocks"] = [int(c) for c in values[len(RECORD):]]
+    return r
 
 
 class Update(NamedTuple):
@@ -109,7 +138,8 @@ class Accumulator:
 
 
 class Server:
-    """The parameters, their optimizer rule, the version counter, the lock and the combiner's state.
+    """The parameters, their optimizer rule, the version counter, the workers' clocks
+    (``pipelines.train.ps_clock.Clocks``, for ``workers`` workers), the lock and the combiner's state.
 
     ``apply(gradients, lr)`` is the job's optimizer step (SGD with momentum, 0.9 unless the chief
     says otherwise, or Adam), run on the servers; it returns a true bool tensor once the
@@ -117,7 +147,7 @@ class Server:
     under the strategy: one entry per shard, each with its server's device.
     """
 
-    def __init__(self, strategy, model, optimizer: str, momentum: float = MOMENTUM):
+    def __init__(self, strategy, model, optimizer: str, momentum: float = MOMENTUM, workers: int = 1):
         tf = _tf()
         self.strategy, self.optimizer, self.momentum = strategy, optimizer, float(momentum)
         self.variables = list(model.trainable_variables)
@@ -128,6 +158,7 @@ class Server:
                 self.slots[slot] = zeros_beside(strategy, self.variables, slot)
             self.iterations = tf.Variable(0, dtype=tf.int64, trainable=False, name="server_iterations")
             self.accumulators: dict[str, Accumulator] = {}
+        self.clocks = Clocks(strategy, self.version, workers)
         self.state: dict[str, list] = {}  # a combiner's own variables (zeros()), checkpointed
         self.reads: list | None = None  # per parameter, each worker's copy of what it read (keep_reads())
         self.locked = True  # updates run under self.lock (build_update says when they do not)
@@ -250,8 +281,10 @@ class Server:
         return self.counter_lock.execute(add)
 
     def trackables(self) -> dict[str, Any]:
-        """What a checkpoint saves besides the model: slots, version and accumulators."""
-        items: dict[str, Any] = {"parameter_version": self.version, "server_iterations": self.iterations}
+        """What a checkpoint saves besides the model: slots, version, clocks and accumulators (the
+        busy and live marks are not saved: a resumed run starts with every worker live and idle)."""
+        items: dict[str, Any] = {"parameter_version": self.version, "server_iterations": self.iterations,
+                                 "worker_clocks": self.clocks.clocks}
         for name, slot in self.slots.items():
             items.update({f"slot_{name}_{i}": v for i, v in enumerate(slot)})
         for name, state in self.state.items():
@@ -264,9 +297,13 @@ class Server:
     def combined(self, combine, update: Update, admit):
         """Under the lock: ``combine(update)`` when ``admit`` (a bool tensor), and the version
         bumped when the parameters changed; returns the version after."""
+        return self.changes(combine, update, admit)[1]
+
+    def changes(self, combine, update: Update, admit):
+        """:meth:`combined`, returning (whether the parameters changed, the version after)."""
         tf = _tf()
         changed = tf.cond(admit, lambda: tf.cast(combine(update), tf.bool), lambda: tf.constant(False))
-        return tf.cond(changed, lambda: self.version.assign_add(1), self.version.read_value)
+        return changed, tf.cond(changed, lambda: self.version.assign_add(1), self.version.read_value)
 
     def claimed(self, combine, read, gradients, learning_rate, samples, worker, parameters=None):
         """Without the global lock (a lock-free combiner in async mode): claim the next version
@@ -315,17 +352,19 @@ def lock_free(combine) -> bool:
 
 def build_update(server: Server, model, combine, mode: str, max_staleness: int, mean: float, std: float):
     """The ``tf.function`` a worker runs for one update of ``(x, y)`` at rate ``lr``; it returns
-    the update's record, the figures of :data:`RECORD`."""
+    the update's record, the figures of :data:`RECORD` and the clocks (:func:`parse_record`)."""
     tf = _tf()
     loss_fn = tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction="sum")
     round_acc = server.accumulator("round") if mode == "sync" else None
-    unlocked = mode == "async" and lock_free(combine)  # no global lock (Server.claimed)
+    unlocked = mode in ("async", "bounded") and lock_free(combine)  # no global lock (Server.claimed)
     server.locked = not unlocked
+    bounded = mode == "bounded"
+    drops = bool(getattr(combine, "drops", False))  # a False from combine means dropped, not held
 
-    def replica(x, y, lr):
+    def compute(x, y, lr, worker):
+        """Pull, forward and backward, combine, tick: the first nine figures of RECORD."""
         t0 = tf.timestamp()
         read = server.version.read_value()
-        worker = tf.distribute.coordinator.experimental_get_current_worker_index()
         with tf.control_dependencies([read]):  # the parameters are pulled after the version is read
             copied = server.copy_reads(worker) if round_acc is None else tf.no_op()  # Server.keep_reads's copy
             with tf.GradientTape() as tape:
@@ -345,9 +384,9 @@ def build_update(server: Server, model, combine, mode: str, max_staleness: int, 
             if round_acc is not None:  # sync: into the round's sum; the chief applies it once
                 with tf.control_dependencies([round_acc.add(grads, n)]):
                     return tf.constant(True), server.version.read_value(), tau
-            admit = tau <= max_staleness if mode == "bounded" else tf.constant(True)
             update = Update(grads, lr, tau, n, worker, read, server.read_by(worker))
-            return admit, server.combined(combine, update, admit), tau
+            changed, version = server.changes(combine, update, tf.constant(True))
+            return (changed if drops else tf.constant(True)), version, tau
 
         if unlocked:
             version, tau = server.claimed(combine, read, grads, lr, n, worker, server.read_by(worker))
@@ -355,10 +394,34 @@ def build_update(server: Server, model, combine, mode: str, max_staleness: int, 
         else:  # the lock is taken once the gradients exist: taken any earlier, it would be held
             with tf.control_dependencies(grads):  # while they are computed, one worker at a time
                 admitted, version, tau = server.lock.execute(critical)
-        with tf.control_dependencies([version]):
+        with tf.control_dependencies([version]):  # the clock counts combined updates
+            ticked = server.clocks.tick(worker, release=bounded)
+        with tf.control_dependencies([ticked]):
             t2 = tf.timestamp()
-        figures = [loss, correct, n, tau, admitted, version, worker, t1 - t0, t2 - t1]  # in the order of RECORD
-        return tf.stack([tf.cast(f, tf.float64) for f in figures])  # one tensor: one read by the chief
+        return [loss, correct, n, tau, admitted, version, worker, t1 - t0, t2 - t1]
+
+    def replica(x, y, lr):
+        worker = tf.distribute.coordinator.experimental_get_current_worker_index()
+        if bounded:  # SSP: wait for the slowest live worker before computing (pipelines.train.ps_clock)
+            server.clocks.start(worker)  # its own mark matters to the others only: no need to wait for it
+            waited = server.clocks.wait(worker, max_staleness)
+        else:
+            waited = server.clocks.glance(worker)
+        clock = tf.gather(waited.clocks, tf.cast(worker, tf.int32))
+        tail = [clock, waited.gap, waited.first_gap, waited.waited_s]
+
+        def record(figures, deferred):  # one tensor: one read by the chief
+            values = [tf.cast(f, tf.float64) for f in [*figures, *tail, deferred]]
+            return tf.concat([tf.stack(values), tf.cast(waited.clocks, tf.float64)], 0)
+
+        def run():
+            return record(compute(x, y, lr, worker), 0)
+
+        def defer():  # nothing computed: its rows go back to the chief
+            with tf.control_dependencies([server.clocks.release(worker)]):
+                return record([0, 0, 0, 0, False, 0, worker, 0, 0], 1)
+
+        return tf.cond(waited.go, run, defer) if bounded else run()
 
     strategy = server.strategy
 

@@ -19,7 +19,7 @@ def main(optimizer: str) -> dict:
 
     from pipelines.train.combiners import plain
     from pipelines.train.ps_cluster import strategy
-    from pipelines.train.ps_server import RECORD, Server, build_update
+    from pipelines.train.ps_server import Server, build_update, parse_record
 
     p = free_ports(4)
     cluster = {"chief": [f"127.0.0.1:{p[0]}"], "worker": [f"127.0.0.1:{p[1]}"],
@@ -65,7 +65,7 @@ def main(optimizer: str) -> dict:
         loss = tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True)(y, local(x, training=True))
     grads = [g.numpy() for g in tape.gradient(loss, local.trainable_variables)]
     record = coordinator.schedule(update, args=(tf.constant(x), tf.constant(y), tf.constant(lr)))
-    r = dict(zip(RECORD, record.fetch().tolist(), strict=True))
+    r = parse_record(record.fetch())
     after = np.concatenate([w.ravel() for w in whole()])
     flat_before = np.concatenate([w.ravel() for w in before])
     # the first step from zero slots: SGD with momentum moves by lr * g; Adam by about lr * sign(g)

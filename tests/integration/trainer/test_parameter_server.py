@@ -18,6 +18,7 @@ from conftest import assert_quota_enforced, require_cpu_quota, write_run
 from pipelines.core.stages import ps_command
 from pipelines.launch.local import Profile, free_ports, launch_ps
 from pipelines.launch.tfconfig import cluster_spec
+from pipelines.train.ps_clock import POLL_S
 
 FAST = Profile(device="fast", cpus=(1,), cpu_share=1.0)
 SLOW = Profile(device="slow", cpus=(0,), cpu_share=0.15, cpu_period_ms=20)
@@ -91,18 +92,48 @@ def test_async_converges_and_the_fast_worker_does_more(tmp_path):
     assert_quota_enforced(result.quota_enforced)
 
 
-def test_bounded_never_applies_an_update_staler_than_its_bound(tmp_path):
-    run = ps_run(tmp_path, epochs=2, update_mode="bounded", max_staleness=1, model=WIDE_MLP, global_batch=128)
+def test_bounded_is_stale_synchronous_under_a_slowed_worker(tmp_path):
+    """SSP (pipelines.train.ps_clock): the fast worker waits for the quota-limited one, so no update
+    begins more than s clocks ahead of the slowest worker and none is combined more than
+    (N - 1)(2s + 1) changes stale; nothing is refused, every row is trained once an epoch."""
+    require_cpu_quota()  # the bound is exercised only when one worker is really slower
+    s = 1
+    run = ps_run(tmp_path, epochs=2, update_mode="bounded", max_staleness=s, model=WIDE_MLP, global_batch=128)
     result, _ = start(run)
     assert result.returncode == 0, result.message
     log = updates(run)
-    applied = [u for u in log if u["applied"]]
-    assert max(u["staleness"] for u in applied) <= 1
-    refused = [u for u in log if not u["applied"]]
-    assert all(u["staleness"] > 1 for u in refused)
-    assert sum(u["samples"] for u in applied) == 2 * 1200  # refused rows were trained again
     ps = summary(run)["parameter_server"]
-    assert ps["dropped_updates"] == len(refused) and len(ps["staleness_histogram"]) <= 2
+    assert all(u["applied"] for u in log) and sum(u["samples"] for u in log) == 2 * 1200
+    per = [[u for u in log if u["worker"] == w] for w in (0, 1)]
+    for w, mine in enumerate(per):  # a clock counts its worker's combined updates, as read when each began
+        assert [u["clock"] for u in mine] == [u["clocks"][w] for u in mine] == list(range(len(mine)))
+    assert ps["clocks"] == [len(per[0]), len(per[1])]
+    # bound 1: every update began at most s clocks ahead of the slowest worker's clock as it read them
+    assert max(u["clocks"][u["worker"]] - min(u["clocks"]) for u in log) <= s
+    assert max(u["clock_gap"] for u in log) == ps["max_clock_gap"] <= s
+    assert abs(len(per[0]) - len(per[1])) <= s + 1
+    # bound 2: no combined update more than (N - 1)(2s + 1) changes stale
+    assert ps["staleness_bound"] == 2 * s + 1 and ps["clock_bound"] == s
+    assert max(u["staleness"] for u in log) <= ps["staleness_bound"]
+    assert len(ps["staleness_histogram"]) <= ps["staleness_bound"] + 1
+    # the bound was active: the fast worker arrived more than s ahead, and each time it waited
+    ahead = [u for u in per[0] if u["clock_gap_first"] > s]
+    assert ahead and all(u["clock_wait_s"] >= POLL_S for u in ahead)
+    assert ps["workers"][0]["clock_wait_s"] >= sum(u["clock_wait_s"] for u in per[0]) - 0.01  # with deferrals'
+    assert_quota_enforced(result.quota_enforced)
+
+
+def test_drop_stale_drops_stale_updates_without_training_their_rows_again(tmp_path):
+    run = ps_run(tmp_path, rows=960, epochs=2, update_mode="async", combiner="drop_stale", max_staleness=0)
+    result, _ = start(run, workers=(FAST, FAST))
+    assert result.returncode == 0, result.message
+    log = updates(run)
+    ps = summary(run)["parameter_server"]
+    applied, dropped = [u for u in log if u["applied"]], [u for u in log if not u["applied"]]
+    assert dropped and all(u["staleness"] == 0 for u in applied) and all(u["staleness"] > 0 for u in dropped)
+    assert len(log) == 2 * 960 // 32  # one update per batch: a dropped one is not scheduled again
+    assert ps["dropped_updates"] == len(dropped) and ps["parameter_version"] == len(applied)
+    assert ps["staleness_histogram"] == [len(applied)]
 
 
 def test_sync_rounds_over_two_sharded_parameter_servers(tmp_path):
@@ -117,8 +148,11 @@ def test_sync_rounds_over_two_sharded_parameter_servers(tmp_path):
     assert s["history"][-1]["loss"] < s["history"][0]["loss"]
 
 
-def test_a_killed_worker_is_survived(tmp_path):
-    run = ps_run(tmp_path, epochs=6, update_mode="async")
+@pytest.mark.parametrize("mode", ["async", "bounded"])
+def test_a_killed_worker_is_survived(tmp_path, mode):
+    """In bounded mode the chief takes the lost worker out of the clocks' minimum, so the other
+    stops waiting for it."""
+    run = ps_run(tmp_path, epochs=6, update_mode=mode, max_staleness=1)
     result, out = start(run, workers=(FAST, FAST), on_start=after_first_checkpoint(run, lambda t: t["worker:1"].kill()))
     assert result.returncode == 0, result.message
     assert "worker worker:1 exited" in out
@@ -128,6 +162,10 @@ def test_a_killed_worker_is_survived(tmp_path):
     applied = sum(u["samples"] for u in updates(run) if u["applied"])
     again = s["parameter_server"]["rescheduled_updates"]  # lost on the way with the worker: trained again
     assert 6 * 1200 <= applied <= 6 * 1200 + 32 * again  # no row lost with it
+    if mode == "bounded":  # worker 0 went on far past the lost worker's stopped clock
+        clocks = s["parameter_server"]["clocks"]
+        assert clocks[0] > clocks[1] + 10, clocks
+        assert "worker 1 (127.0.0.1:" in out and "no longer wait for its clock" in out
 
 
 def test_a_restarted_chief_resumes_from_its_checkpoint(tmp_path):

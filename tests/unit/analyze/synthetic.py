@@ -76,11 +76,11 @@ def images(html_text: str) -> list[bytes]:
 
 PS_WORKERS = [  # worker 1 (slow) was lost; worker 2 never had an update dropped
     {"worker": 0, "device": "fast", "updates": 120, "applied": 118, "dropped": 2, "samples": 7680,
-     "mean_staleness": 0.4, "max_staleness": 3},
+     "mean_staleness": 0.4, "max_staleness": 3, "clock": 120, "max_clock_gap": 4, "clock_wait_s": 2.5, "deferred": 2},
     {"worker": 1, "device": "slow", "updates": 40, "applied": 37, "dropped": 3, "samples": 2560,
-     "mean_staleness": 1.9, "max_staleness": 4},
+     "mean_staleness": 1.9, "max_staleness": 4, "clock": 40, "max_clock_gap": 0, "clock_wait_s": 0.0, "deferred": 0},
     {"worker": 2, "device": "fast", "updates": 100, "applied": 100, "dropped": 0, "samples": 6400,
-     "mean_staleness": 0.6, "max_staleness": 4},
+     "mean_staleness": 0.6, "max_staleness": 4, "clock": 100, "max_clock_gap": 3, "clock_wait_s": 1.0, "deferred": 1},
 ]
 
 
@@ -98,6 +98,8 @@ def ps_train(rd: RunDir, mode: str = "bounded") -> dict:
         "learning_rate": 0.05, "balance_efficiency": 0.8, "ranks": ranks, "rebalance_events": [],
         "parameter_server": {
             "update_mode": mode, "combiner": "plain", "max_staleness": 4, "parameter_servers": 1,
+            "clock_bound": 4 if mode == "bounded" else None, "staleness_bound": 18 if mode == "bounded" else None,
+            "clocks": [120, 40, 100], "max_clock_gap": 4, "clock_wait_s": 3.5, "deferred_updates": 3,
             "workers": PS_WORKERS, "staleness_histogram": PS_HISTOGRAM, "max_staleness_seen": 4,
             "dropped_updates": 5, "lost_workers": [{"worker": 1, "device": "slow", "last_update_s": 12.3}],
             "updates_file": str(rd.root / "train" / "updates.jsonl"),

@@ -244,7 +244,7 @@ def test_parameter_server_run_gets_its_section_charts_and_result_fields(ps_run_d
     ps = section(html_text, "parameter-server")
     assert [alt for alt in re.findall(r'<img alt="([^"]+)"', ps)] == [
         "updates per worker", "staleness histogram", "updates over time per worker"]
-    assert "Update mode <b>bounded</b>" in ps and "more than 4 versions old is dropped" in ps
+    assert "Update mode <b>bounded</b>" in ps and "more than 4 clock(s)" in ps and "more than 18 versions stale" in ps
     assert "Combiner <b>plain</b>" in ps and "260 updates from 3 worker(s): 255 applied, 5 dropped" in ps
     assert "Lost workers: worker 1 (slow), last update at 12.3 s." in ps and "lost after 12.3 s" in ps
     assert ps.count("to the end") == 2 and "The updates file holds" not in ps  # the cut-off line left out
@@ -265,7 +265,7 @@ def test_parameter_server_run_gets_its_section_charts_and_result_fields(ps_run_d
     staleness = figures["staleness histogram"].axes[0]
     assert [p.get_height() for p in staleness.patches] == PS_HISTOGRAM
     (bound,) = staleness.get_lines()
-    assert bound.get_xdata()[0] == 4.5 and bound.get_label() == "bound: at most 4"
+    assert bound.get_xdata()[0] == 18.5 and bound.get_label() == "bound (N − 1)(2s + 1): 18"  # 3 workers, s = 4
     timeline = figures["updates over time per worker"].axes[0]
     assert [t.get_text() for t in timeline.get_legend().get_texts()] == ["worker 0", "worker 1", "worker 2"]
     assert len(images(html_text)) >= 8

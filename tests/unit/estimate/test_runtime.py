@@ -30,7 +30,8 @@ def test_pick_strategy_writes_the_faster_with_both_predictions_and_a_reason():
     for name, s in chosen["strategies"].items():
         assert s["samples_per_sec"] > 0 and s["predicted_total_s"] > s["predicted_loop_s"] > 0, name
     assert chosen["strategies"]["parameter_server"]["predicted_total_s"] < chosen["strategies"]["horovod"]["predicted_total_s"]
-    assert chosen["strategy_reason"].startswith("training.strategy auto: parameter_server is predicted faster on the same 2")
+    assert chosen["strategy_reason"].startswith(
+        "training.strategy auto: parameter_server is predicted to reach the target loss first on the same 2")
     assert "do not wait for the slowest rank" in chosen["strategy_reason"]
     assert check_plan(chosen)["strategy"] == "parameter_server"
     # the decision is on the whole run's time: a slower prediction part by part turns it around
@@ -55,3 +56,35 @@ def test_a_parameter_server_plans_steps_are_not_corrected_by_what_synchronous_ru
     h = predict_parts(best["alternative"], PROFILES, param_bytes=4e5, slots=1, checkpoint_every=200,
                       corrections=corrections)
     assert h["not_corrected"] == [] and h["parts"]["steps"] > 2 * h["uncorrected"]["steps"]
+
+
+def test_auto_picks_by_time_to_the_target_loss_not_throughput_alone():
+    """A faster parameter server that needs 1.75 times the epochs for Horovod's loss loses to Horovod;
+    one that never reached it loses whatever its speed."""
+    from pipelines.stores.convergence import time_to_accuracy
+
+    class Training:
+        update_mode, combiner = "async", "plain"
+
+    best = auto_plan(SMALL_MODEL)
+    plans = [_timed(best), _timed(best.pop("alternative"))]
+    ps_s, hvd_s = (next(p["predicted_total_s"] for p in plans if p["strategy"] == s) for s in ("parameter_server", "horovod"))
+    assert ps_s < hvd_s < 1.75 * ps_s  # by throughput the parameter server wins
+    hvd = {"pool_key": "pool", "model_key": "m", "run": "h", "strategy": "horovod", "epochs": 2.0, "final_loss": 0.5,
+           "curve": "[[0.5, 1.5], [1.0, 0.9], [2.0, 0.5]]", "recorded_at": "2026-11-01"}
+    slow = {**hvd, "run": "a", "strategy": "parameter_server/async/plain", "epochs": 4.0, "final_loss": 0.3,
+            "curve": "[[1.0, 1.2], [3.0, 0.7], [4.0, 0.3]]", "recorded_at": "2026-11-02"}
+    chosen = pick_strategy(time_to_accuracy(plans, [hvd, slow], "pool", "m", Training), "auto")
+    ps = chosen["strategies"]["parameter_server"]
+    assert ps["epoch_ratio"] == pytest.approx(3.5 / 2.0)  # 0.5 reached at 3 + (0.7 - 0.5) / (0.7 - 0.3) epochs
+    assert chosen["strategy"] == "horovod", chosen["strategy_reason"]
+    assert "reached Horovod's training loss 0.5 in 3.50 epoch(s) against 2.00" in chosen["strategy_reason"]
+    never = {**slow, "curve": "[[1.0, 1.2], [4.0, 0.6]]", "final_loss": 0.6}
+    chosen = pick_strategy(time_to_accuracy(plans, [hvd, never], "pool", "m", Training), "auto")
+    assert chosen["strategy"] == "horovod" and chosen["strategies"]["parameter_server"]["epoch_ratio"] is None
+    assert "did not reach Horovod's training loss 0.5" in chosen["strategy_reason"]
+    # as fast per epoch as Horovod (or nothing learned yet): throughput decides
+    quick = {**slow, "curve": "[[1.0, 0.9], [2.0, 0.45]]"}
+    assert pick_strategy(time_to_accuracy(plans, [hvd, quick], "pool", "m", Training), "auto")["strategy"] == "parameter_server"
+    chosen = pick_strategy(time_to_accuracy(plans, [], "pool", "m", Training), "auto")
+    assert chosen["strategy"] == "parameter_server" and "no run of parameter_server/async/plain" in chosen["strategy_reason"]

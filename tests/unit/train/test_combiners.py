@@ -139,6 +139,17 @@ def test_window_average_applies_the_sample_weighted_mean_once_per_window():
     assert push(server, combine, [4.0, 4.0], lr=0.1, samples=2.0) == (True, 1)  # a new window begins empty
 
 
+def test_drop_stale_applies_a_fresh_update_as_plain_and_drops_a_stale_one():
+    from pipelines.train.ps_server import lock_free
+
+    server, combine, w = server_with("drop_stale")  # max_staleness 4
+    assert push(server, combine, [0.5, 1.0], lr=0.1, staleness=5) == (True, 0)  # dropped: no change, no version
+    assert w.numpy().tolist() == [1.0, -2.0] and server.slots["momentum"][0].numpy().tolist() == [0.0, 0.0]
+    assert push(server, combine, [0.5, 1.0], lr=0.1, staleness=4) == (True, 1)  # at the limit: applied as plain
+    assert w.numpy().tolist() == pytest.approx([1.0 - 0.05, -2.0 - 0.1])
+    assert combine.drops and not lock_free(combine)  # the chief counts a False as a drop; it runs under the lock
+
+
 def test_a_refused_update_changes_nothing():
     server, combine, w = server_with("plain")
     assert push(server, combine, [0.5, 1.0], lr=0.1, admit=False) == (False, 0)

@@ -34,3 +34,15 @@ def test_worker_figures_divide_compute_by_the_whole_loop():
                     "wait_s": 0.5, "input_wait_s": 0.0, "other_s": 2.5, "balance_efficiency": 0.25, "updates": 2}
     assert slow["updates"] == 1 and slow["other_s"] == 3.25
     assert run.balance_efficiency == pytest.approx(1.5 / 8.0)
+
+
+def test_clock_waits_count_as_waiting_and_a_deferred_update_only_as_a_wait():
+    tally = Tally.of(2)
+    tally.add({**update(0, 1), "clock_gap": 1, "clock_wait_s": 0.75}, 0.0)
+    tally.add({**update(0, 0), "clock_gap": 0, "clock_wait_s": 0.0}, 1.0)
+    tally.defer({"worker": 0, "clock_wait_s": 0.5})  # gave up waiting: no update, no samples
+    assert tally.updates == [2, 0] and tally.samples == [16.0, 0.0] and tally.deferred == [1, 0]
+    assert tally.clock_wait_s == [1.25, 0.0] and tally.clock_gap_max == [1, 0]
+    fast, slow = worker_figures(tally, ["fast", "slow"], 8, [{"seconds": 4.0}]).ranks
+    assert fast["wait_s"] == 0.5 + 1.25 and fast["other_s"] == 4.0 - 1.0 - 1.75  # the servers' and the clocks'
+    assert slow["wait_s"] == 0.0

@@ -1,6 +1,7 @@
-"""The "Parameter server" section of a parameter-server run: what the servers did (update mode,
-combiner, updates applied and dropped), the staleness of the applied updates, each worker's
-updates and the timeline of updates from ``updates.jsonl``."""
+"""The "Parameter server" section of a parameter-server run: where each step ran, what the servers
+did (update mode, combiner, updates applied and dropped), the workers' clocks and their waits for
+them, the staleness of the applied updates against its bound, each worker's updates and the
+timeline of updates from ``updates.jsonl``."""
 
 from __future__ import annotations
 
@@ -16,15 +17,23 @@ from pipelines.analyze.updates import PARAMETER_SERVER, check_parameter_server
 STALENESS_ROWS = 16  # rows of the staleness table; the stalest values beyond share the last one
 _MODES = {
     "async": "each update is applied as it arrives, however stale",
-    "bounded": "an update computed on parameters more than {bound} versions old is dropped and its rows trained again",
+    "bounded": ("stale-synchronous: a worker more than {bound} clock(s) (its updates applied) ahead of the "
+                "slowest live worker waits before it computes, so no update is applied more than {tau} "
+                "versions stale; none is refused"),
     "sync": "each round takes one update from every worker and applies their average once",
 }
+
+
+WHERE = ("<p>Where each step ran: the <b>workers</b> wait for their clock (bounded mode), pull the "
+         "parameters and run the forward and backward pass; the <b>parameter servers</b> run the optimizer "
+         "step for the variables they hold and keep the version counter and the workers' clocks; the "
+         "<b>chief</b> schedules the batches, writes the checkpoints and the logs.</p>")
 
 
 def _ps_overview(train: dict, block: dict) -> str:
     """What the parameter servers did, in words: mode, combiner, updates, staleness."""
     mode, bound = block.get("update_mode"), block.get("max_staleness")
-    how = _MODES.get(mode, "an unknown update mode").format(bound=num(bound))
+    how = _MODES.get(mode, "an unknown update mode").format(bound=num(bound), tau=num(block.get("staleness_bound")))
     window = f" (a window of {num(block['combine_window'])} updates)" if block.get("combine_window") else ""
     workers = block.get("workers") or []
     applied = sum(int(w.get("applied") or 0) for w in workers)
@@ -33,8 +42,22 @@ def _ps_overview(train: dict, block: dict) -> str:
         f"{num(block.get('parameter_servers'))} parameter server(s). The servers received "
         f"{num(train.get('updates'))} updates from {len(workers)} worker(s): {num(applied)} applied, "
         f"{num(block.get('dropped_updates'))} dropped. The stalest applied update was computed on parameters "
-        f"{num(block.get('max_staleness_seen'))} version(s) old.</p>"
+        f"{num(block.get('max_staleness_seen'))} version(s) old.</p>" + _ps_clocks(block) + WHERE
     )
+
+
+def _ps_clocks(block: dict) -> str:
+    """The workers' final clocks, the widest gap an update began at, and the time spent waiting."""
+    clocks = block.get("clocks")
+    if clocks is None:  # a result from before the clocks
+        return ""
+    final = ", ".join(f"worker {w}: {num(c)}" for w, c in enumerate(clocks))
+    bound = block.get("clock_bound")
+    limit = f" (bound: {num(bound)})" if bound is not None else ""
+    return (f"<p>Final clocks (updates applied per worker): {final}. The widest gap at which an update began "
+            f"computing: {num(block.get('max_clock_gap'))} clock(s) ahead of the slowest worker{limit}. The workers "
+            f"waited {num(block.get('clock_wait_s'))} s in all for the clocks; {num(block.get('deferred_updates'))} "
+            "update(s) gave up waiting for an idle worker and were handed back unrun.</p>")
 
 
 def _ps_lost(block: dict) -> dict[int, dict]:
@@ -73,15 +96,18 @@ def staleness_rows(histogram: Sequence[int]) -> list[tuple[Any, ...]]:
 
 
 def _ps_staleness(block: dict) -> str:
-    """The staleness histogram of the applied updates, the bound marked in bounded mode."""
+    """The staleness histogram of the applied updates, the bound marked in bounded mode (and the
+    limit above which the ``drop_stale`` combiner drops)."""
     histogram = list(block.get("staleness_histogram") or [])
     if sum(histogram) <= 0:
         return missing("No update was applied: the staleness histogram is empty.")
-    bound = block.get("max_staleness") if block.get("update_mode") == "bounded" else None
+    bound, label = block.get("staleness_bound"), "bound (N − 1)(2s + 1)"
+    if block.get("combiner") == "drop_stale":
+        bound, label = block.get("max_staleness"), "dropped above"
     fig, (ax,) = figures.new_figure(width=max(4.5, min(11.0, 0.35 * len(histogram) + 3)))
     ax.bar(range(len(histogram)), histogram, color="C0", label="applied updates")
     if bound is not None:
-        ax.axvline(bound + 0.5, color="C3", linestyle="--", label=f"bound: at most {bound}")
+        ax.axvline(bound + 0.5, color="C3", linestyle="--", label=f"{label}: {bound}")
         ax.set_xlim(-0.6, max(len(histogram), bound + 1) - 0.4)
     ax.set(title="Staleness of the applied updates", xlabel="staleness (parameter versions behind)",
            ylabel="applied updates")
@@ -92,18 +118,20 @@ def _ps_staleness(block: dict) -> str:
 
 
 def _ps_workers(block: dict) -> str:
-    """Per worker: updates, applied, dropped, samples, staleness, and whether it was lost."""
+    """Per worker: updates, applied, dropped, samples, staleness, its clock and waits for the
+    clocks, and whether it was lost."""
     lost = _ps_lost(block)
     rows = [
         (
             w["worker"], w.get("device", ""), w.get("updates"), w.get("applied"), w.get("dropped"), w.get("samples"),
-            w.get("mean_staleness"), w.get("max_staleness"),
+            w.get("mean_staleness"), w.get("max_staleness"), w.get("clock"), w.get("max_clock_gap"),
+            w.get("clock_wait_s"), w.get("deferred"),
             f"lost after {num(lost[w['worker']].get('last_update_s'))} s" if w["worker"] in lost else "to the end",
         )
         for w in sorted(block.get("workers") or [], key=lambda w: w["worker"])
     ]
     headers = ["Worker", "Device", "Updates", "Applied", "Dropped", "Samples", "Mean staleness", "Max staleness",
-               "Ran"]
+               "Clock", "Max clock gap", "Clock wait s", "Deferred", "Ran"]
     listing = table(headers, rows, left=2)
     if not lost:
         return listing + "<p>No worker was lost.</p>"

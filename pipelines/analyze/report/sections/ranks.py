@@ -113,7 +113,8 @@ def _balance_text(train: dict, metrics: dict, words: Words) -> str:
     u = words.unit
     if words == PS_WORDS:
         waits = ("Waiting for the parameter servers (pulling the parameters, pushing an update), for input or for "
-                 "host work lowers it. In async and bounded mode no worker waits for another; in sync mode each "
+                 "host work lowers it. In async mode no worker waits for another; in bounded mode a worker more than "
+                 "max_staleness updates ahead of the slowest waits for it (counted as waiting); in sync mode each "
                  "round waits for its slowest worker.")
     else:
         waits = ("Waiting in the allreduce for another rank, for input or for host work lowers it; a slow device "

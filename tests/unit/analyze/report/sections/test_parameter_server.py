@@ -35,6 +35,28 @@ def test_parameter_server_section_for_async_mode_without_an_updates_file(monkeyp
     assert "no parameter_server figures" in section(older, "parameter-server")
 
 
+def test_bounded_mode_shows_the_clocks_the_waits_and_the_staleness_bound(monkeypatch):
+    figures = capture_images(monkeypatch)
+    train = ps_train(RunDir("/nowhere"), mode="bounded")
+    ps = section(build_report(ReportInputs(train=train, scalars={}, metrics={})), "parameter-server")
+    assert "stale-synchronous: a worker more than 4 clock(s)" in ps and "no update is applied more than 18" in ps
+    assert "Final clocks (updates applied per worker): worker 0: 120, worker 1: 40, worker 2: 100." in ps
+    assert "widest gap at which an update began computing: 4 clock(s) ahead of the slowest worker (bound: 4)" in ps
+    assert "waited 3.5 s in all for the clocks; 3 update(s) gave up waiting" in ps
+    assert "the <b>workers</b> wait for their clock" in ps and "the <b>chief</b> schedules" in ps
+    assert "<th>Clock</th><th>Max clock gap</th><th>Clock wait s</th><th>Deferred</th>" in ps
+    assert "<td>120</td><td>4</td><td>2.5</td><td>2</td>" in ps  # worker 0's clock, gap, wait, deferrals
+    (line,) = figures["staleness histogram"].axes[0].get_lines()
+    assert line.get_xdata()[0] == 18.5 and "bound (N − 1)(2s + 1): 18" in line.get_label()
+
+    train["parameter_server"].update(combiner="drop_stale", clocks=None)  # the drop limit marked; old results
+    figures.clear()
+    ps = section(build_report(ReportInputs(train=train, scalars={}, metrics={})), "parameter-server")
+    assert "Final clocks" not in ps
+    (line,) = figures["staleness histogram"].axes[0].get_lines()
+    assert line.get_xdata()[0] == 4.5 and line.get_label() == "dropped above: 4"
+
+
 def test_a_long_staleness_histogram_groups_its_stalest_rows():
     rows = staleness_rows([1] * 40)
     assert len(rows) == STALENESS_ROWS and rows[-1][:2] == (f"{STALENESS_ROWS - 1} to 39", 40 - STALENESS_ROWS + 1)

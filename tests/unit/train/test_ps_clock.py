@@ -1,0 +1,197 @@
+"""Bounded mode's clocks (pipelines.train.ps_clock): the staleness bound its rule implies, checked
+against a simulation of the rule, and the wait itself on real TensorFlow variables: it goes on
+within the bound, waits for a busy worker, defers for an idle one, forgets a lost one and names a
+stalled one; the chief's watch for lost workers on real sockets."""
+
+from __future__ import annotations
+
+import heapq
+import random
+import socket
+import threading
+import time
+from types import SimpleNamespace
+
+import pytest
+
+from pipelines.train.ps_clock import TIMEOUT_MARK, ClockWaitTimeout, staleness_bound
+from pipelines.train.ps_cluster import LostWorkerWatch
+
+
+def test_the_staleness_bound_is_n_minus_one_times_two_s_plus_one():
+    assert staleness_bound(2, 1) == 3 and staleness_bound(2, 0) == 1 and staleness_bound(4, 2) == 15
+    assert staleness_bound(1, 5) == 0  # one worker: nothing else changes the parameters
+
+
+def simulate(workers: int, s: int, updates: int, seed: int) -> tuple[int, int]:
+    """The rule as the servers run it, on an endless queue of updates: a worker may begin one only
+    while its clock is at most s ahead of the slowest; it reads the version then, claims a change
+    when its (random) compute ends, and ticks.  Returns (the largest τ, the largest gap at a start)."""
+    rng = random.Random(seed)
+    speed = [rng.uniform(0.2, 5.0) for _ in range(workers)]
+    clocks, version, waiting = [0] * workers, 0, set(range(workers))
+    events: list[tuple[float, int, int]] = []  # (time, worker, version read)
+    now, worst, widest, done = 0.0, 0, 0, 0
+    while done < updates:
+        for w in sorted(waiting):
+            gap = clocks[w] - min(clocks)
+            if gap <= s:
+                widest = max(widest, gap)
+                waiting.discard(w)
+                heapq.heappush(events, (now + rng.expovariate(1.0) * speed[w], w, version))
+        now, w, read = heapq.heappop(events)
+        worst = max(worst, version - read)  # τ: the changes since it read the version
+        version += 1
+        clocks[w] += 1
+        waiting.add(w)
+        done += 1
+    return worst, widest
+
+
+@pytest.mark.parametrize(("workers", "s"), [(2, 0), (2, 1), (3, 1), (4, 2)])
+def test_a_simulation_of_the_rule_stays_within_both_bounds_and_reaches_the_staleness_bound(workers, s):
+    seen = [simulate(workers, s, 2000, seed) for seed in range(10)]
+    assert max(gap for _, gap in seen) == s  # no start more than s ahead; s ahead happens
+    assert max(tau for tau, _ in seen) == staleness_bound(workers, s)  # never more, and reached
+
+
+# ------------------------------------------------------------------ the wait, on real variables
+
+tf = pytest.importorskip("tensorflow")
+
+
+def clocks_of(workers=2, **timings):
+    from pipelines.train.ps_clock import Clocks
+
+    near = tf.Variable(0, dtype=tf.int64)
+    timings = {"idle_s": 0.3, "timeout_s": 30.0, **timings}
+    return Clocks(tf.distribute.get_strategy(), near, workers, **timings)
+
+
+def waiter(clocks, bound=1):
+    @tf.function
+    def wait(worker):
+        clocks.start(worker)
+        w = clocks.wait(worker, bound)
+        return w.go, w.clocks, w.gap, w.first_gap, w.waited_s
+
+    def run(worker):
+        go, seen, gap, first, waited = wait(tf.constant(worker, tf.int64))
+        return bool(go), seen.numpy().tolist(), int(gap), int(first), float(waited)
+
+    return run
+
+
+def set_state(clocks, values, busy, live=None):
+    clocks.clocks.assign(values)
+    clocks.marks.assign([busy, live or [1] * len(values)])
+
+
+def test_within_the_bound_an_update_goes_on_at_once():
+    c = clocks_of()
+    set_state(c, [3, 2], busy=[0, 1])
+    go, seen, gap, first, waited = waiter(c)(0)
+    assert (go, seen, gap, first) == (True, [3, 2], 1, 1) and waited < 0.2
+    assert c.marks.numpy().tolist()[0] == [1, 1]  # it marked itself busy
+
+
+def test_an_update_ahead_waits_for_the_busy_slowest_worker_to_tick():
+    c = clocks_of()
+    wait = waiter(c)
+    wait(0)  # traced: the wait below is timed from the graph's start
+    set_state(c, [3, 1], busy=[0, 1])
+    @tf.function
+    def tick(worker):
+        c.tick(worker, release=True)
+
+    def slow_worker():
+        time.sleep(0.5)
+        tick(tf.constant(1, tf.int64))
+
+    thread = threading.Thread(target=slow_worker)
+    thread.start()
+    go, seen, gap, first, waited = wait(0)
+    thread.join()
+    assert (go, seen, gap, first) == (True, [3, 2], 1, 2)
+    assert 0.4 <= waited < 5.0  # it waited for the tick, not for the idle time (0.3 s)
+    assert c.clocks.numpy().tolist() == [3, 2] and c.marks.numpy().tolist()[0] == [1, 0]  # ticked, released
+
+
+def test_an_update_waiting_for_an_idle_worker_is_deferred_and_at_once_while_the_chief_drains():
+    c = clocks_of()
+    set_state(c, [4, 1], busy=[0, 0])
+    go, seen, gap, first, waited = waiter(c)(0)
+    assert (go, gap, first) == (False, 3, 3) and 0.3 <= waited < 5.0
+    c.drain(True)
+    go, _, _, _, waited = waiter(c)(0)
+    assert not go and waited < 0.25
+    c.drain(False)
+
+
+def test_a_lost_worker_leaves_the_minimum():
+    c = clocks_of(workers=3)
+    set_state(c, [6, 5, 0], busy=[0, 1, 1])
+    c.mark_lost(2)
+    go, seen, gap, first, waited = waiter(c)(0)
+    assert (go, seen, gap) == (True, [6, 5, 0], 1)
+    assert c.marks.numpy().tolist()[1] == [1, 1, 0]
+
+
+def test_a_live_worker_that_makes_no_progress_fails_the_wait_naming_it():
+    from pipelines.train.ps_chief import Chief
+
+    c = clocks_of(timeout_s=0.5)
+    set_state(c, [5, 2], busy=[0, 1])  # busy, so never deferred: it just makes no progress
+    with pytest.raises(tf.errors.InvalidArgumentError) as e:
+        waiter(c)(0)
+    assert TIMEOUT_MARK in str(e.value)
+    chief = SimpleNamespace(checkpoints=SimpleNamespace(manager=SimpleNamespace(latest_checkpoint="ckpt-3")))
+    error = Chief.stalled(chief, e.value)
+    assert isinstance(error, ClockWaitTimeout) and error.exit_code == 3
+    assert str(error).startswith(f"training.update_mode bounded: {TIMEOUT_MARK}: worker 0 waited ")
+    assert "s for worker 1 (clock 5 against its 2; max_staleness 1)" in str(error)
+    assert "resumes from the last checkpoint (ckpt-3)" in str(error)
+
+
+def test_a_deferred_update_ticks_nothing():
+    c = clocks_of()
+    set_state(c, [0, 0], busy=[0, 0])
+    c.tick(tf.constant(0, tf.int64))  # async and sync: the clock, no marks
+    assert c.clocks.numpy().tolist() == [1, 0]
+    c.start(tf.constant(1, tf.int64))
+    c.release(tf.constant(1, tf.int64))
+    assert c.clocks.numpy().tolist() == [1, 0] and c.marks.numpy().tolist()[0] == [0, 0]
+
+
+# ------------------------------------------------------------------ the chief's watch
+
+
+def test_the_watch_reports_a_worker_whose_address_stops_answering_once():
+    servers = [socket.create_server(("127.0.0.1", 0)) for _ in range(2)]
+    addresses = [f"127.0.0.1:{s.getsockname()[1]}" for s in servers]
+    lost = []
+    with LostWorkerWatch(addresses, lost.append, every_s=0.05) as watch:
+        time.sleep(0.3)
+        assert lost == []
+        servers[1].close()
+        deadline = time.time() + 5
+        while not lost and time.time() < deadline:
+            time.sleep(0.05)
+        time.sleep(0.3)
+    servers[0].close()
+    assert lost == [1] and watch.lost == {1}
+
+
+def test_checkpoints_keep_the_clocks_and_not_the_marks(tmp_path):
+    from pipelines.train.ps_server import Server
+
+    holder = SimpleNamespace(trainable_variables=[tf.Variable([1.0, 2.0])])
+    server = Server(tf.distribute.get_strategy(), holder, "sgd", workers=3)
+    saved = server.trackables()
+    assert saved["worker_clocks"] is server.clocks.clocks and all(v is not server.clocks.marks for v in saved.values())
+    server.clocks.clocks.assign([5, 4, 6])
+    server.clocks.mark_lost(1)
+    path = tf.train.Checkpoint(**saved).save(str(tmp_path / "ckpt"))
+    fresh = Server(tf.distribute.get_strategy(), holder, "sgd", workers=3)
+    tf.train.Checkpoint(**fresh.trackables()).restore(path)
+    assert fresh.clocks.values() == [5, 4, 6] and fresh.clocks.marks.numpy().tolist() == [[0, 0, 0], [1, 1, 1]]
