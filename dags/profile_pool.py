@@ -1,5 +1,6 @@
-"""Profile a pool: sweep a family of generated models on every device type, fit the profile bank
-and update its Asset (docs/ARCHITECTURE.md, "Profiling a pool")."""
+"""Profile a pool: sweep a family of generated models on every device type, probe the pool's
+allreduce, train reference models, fit the profile bank and update its Asset (docs/ARCHITECTURE.md,
+"Profiling a pool")."""
 
 from __future__ import annotations
 
@@ -30,10 +31,14 @@ memory for any model:
 2. **sweep**: one mapped task per device type, running the sweep on one device of that type
    (locally a process pinned and capped as the type, one at a time; on Kubernetes a pod with the
    type's resources and placement, all in parallel);
-3. **probe_allreduce**: (local launcher) time a short allreduce between the pool's device types;
-4. **reference_runs**: (local launcher) two short real trainings of reference models through the
-   pipeline's stages, so the first run of any model on the pool is predicted with its synchronous
-   costs (`reference_runs` param);
+3. **probe_allreduce**: time a short allreduce between ranks placed as the pool's device types
+   (locally processes pinned and capped as the types; on Kubernetes a Horovod gang of rank pods
+   built as a training's, a device of each type in turn), stored in the bank for the pool and
+   launcher; skipped for a one-device pool;
+4. **reference_runs**: two short real trainings of reference models through the pipeline's stages
+   (on Kubernetes the training's stage pods, calibration pods and Horovod train gang, on data a pod
+   writes to the artifact volume), recorded in the bank, so the first run of any model on the pool
+   is predicted with its synchronous costs (`reference_runs` param);
 5. **fit**: fit each device type's step-time and memory regressions over the bank, with
    cross-validation, and update the bank's Asset (`x-hetero://profiles/bank`), on which the
    training DAG can be scheduled (`HETERO_TRAIN_ON_PROFILES=1`).
@@ -62,7 +67,7 @@ with DAG(
     sweep = ProfileSweepOperator.partial(task_id="sweep", map_index_template="{{ task.device }}").expand(
         device=device_types.output
     )
-    probe = AllreduceProbeOperator(task_id="probe_allreduce")  # skipped on Kubernetes
-    reference = ReferenceRunsOperator(task_id="reference_runs", trigger_rule=TriggerRule.NONE_FAILED)  # local only
+    probe = AllreduceProbeOperator(task_id="probe_allreduce")  # Kubernetes: a gang of rank pods
+    reference = ReferenceRunsOperator(task_id="reference_runs", trigger_rule=TriggerRule.NONE_FAILED)
     fit = BankFitOperator(task_id="fit", outlets=[profile_bank_asset()], trigger_rule=TriggerRule.NONE_FAILED)
     sweep >> probe >> reference >> fit

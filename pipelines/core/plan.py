@@ -126,6 +126,25 @@ def default_plan(spec: JobSpec, pool: PoolSpec) -> dict[str, Any]:
     }
 
 
+PROBE_RANKS = 4  # the allreduce probe's largest job (pipelines.estimate.probe)
+
+
+def probe_plan(pool: PoolSpec, max_ranks: int = PROBE_RANKS) -> dict[str, Any]:
+    """The allreduce probe's ranks, on either launcher: one per device of ``pool``, a device of
+    each type in turn (the pool's order), so that every type is in when there are at most
+    ``max_ranks`` types; rank 0 on the first type.  Each rank's ``batch`` is 1 (the probe
+    reduces buffers of its own sizes, not batches)."""
+    left = {d.name: d.count for d in pool.device_types}
+    names: list[str] = []
+    while len(names) < max_ranks and any(left.values()):
+        for d in pool.device_types:
+            if left[d.name] > 0 and len(names) < max_ranks:
+                names.append(d.name)
+                left[d.name] -= 1
+    return {"strategy": "horovod", "global_batch": len(names),
+            "ranks": [{"rank": i, "device": name, "batch": 1} for i, name in enumerate(names)]}
+
+
 def plan_strategy(spec: JobSpec, plan: dict[str, Any] | None) -> str:
     """How the job trains: ``training.strategy``, or with ``auto`` the estimate's choice
     (``plan["strategy"]``; ``horovod`` when the plan has none)."""

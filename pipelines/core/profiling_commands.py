@@ -3,8 +3,11 @@
 
 A sweep times a family of generated models on one device type and appends the timings to the
 profile bank (``pipelines.estimate.sweep``); ``fit-bank`` fits each device type's regressions over
-the bank; ``probe-allreduce`` measures a local pool's allreduce.  Each, asked with ``--json`` as
-every command line here does, prints its result as one JSON line last, and exits 2 on bad input,
+the bank; ``probe-allreduce`` measures a local pool's allreduce, and on Kubernetes each rank pod of
+the probe runs :func:`probe_rank_command`; ``reference-runs`` trains reference models on a local
+pool, and on Kubernetes their data comes from a pod running :func:`reference_data_command`.  Each,
+asked with ``--json`` as every command line here does (the probe's ranks print theirs on rank 0),
+prints its result as one JSON line last, and exits 2 on bad input,
 3 on a failure a retry may fix (``pipelines.errors``).  The same command runs from a shell, in an
 Airflow task and in a pod, as the stages' commands do (:func:`pipelines.core.stages.stage_command`).
 
@@ -25,7 +28,9 @@ __all__ = [
     "profile_command",
     "fit_bank_command",
     "probe_allreduce_command",
+    "probe_rank_command",
     "reference_runs_command",
+    "reference_data_command",
 ]
 
 # How many models and batches a sweep times: tiny (a smoke test, seconds), small (the default, a
@@ -85,10 +90,20 @@ def fit_bank_command(bank: str, *, out: str | None = None, python: str = "python
 def probe_allreduce_command(
     pool: str, *, bank: str | None = None, artifact_root: str | None = None, python: str = "python"
 ) -> list[str]:
-    """A short Gloo allreduce between ranks placed as ``pool``'s device types (local pools only);
-    stores the pool's latency and bandwidth in the bank."""
+    """A short Gloo allreduce between ranks placed as ``pool``'s device types on this machine (a
+    local pool; on Kubernetes the rank pods run :func:`probe_rank_command`); stores the pool's
+    latency and bandwidth in the bank."""
     return [python, "-m", "pipelines", "probe-allreduce", "--pool", pool,
             *_options(bank=bank, artifact_root=artifact_root), "--json"]  # fmt: skip
+
+
+def probe_rank_command(pool: str, launcher: str, bank: str, source: str, python: str = "python") -> list[str]:
+    """What every rank pod of the Kubernetes probe runs (``python -m pipelines.estimate.probe``,
+    the local probe's rank program): ``pool`` (inline JSON: the pod cannot read the pool file)
+    and ``launcher`` name the pool's key in the bank; rank 0 appends the fitted link to ``bank``
+    (``source`` recorded with it) and prints it as its last line."""
+    return [python, "-m", "pipelines.estimate.probe", "--pool", pool, "--launcher", launcher, "--bank", bank,
+            "--source", source]
 
 
 def reference_runs_command(
@@ -98,3 +113,11 @@ def reference_runs_command(
     (``pipelines.estimate.reference``): what synchronous training costs on the pool."""
     return [python, "-m", "pipelines", "reference-runs", "--pool", pool,
             *_options(bank=bank, artifact_root=artifact_root), "--json"]  # fmt: skip
+
+
+def reference_data_command(out: str, *, rows_per_day: int, days: int, python: str = "python") -> list[str]:
+    """Write the reference runs' generated data to ``out`` unless it is there already
+    (``python -m pipelines.estimate.reference``, :func:`pipelines.estimate.reference.ensure_data`):
+    on Kubernetes a pod runs it on the artifact volume, where the runs' pods read the data."""
+    return [python, "-m", "pipelines.estimate.reference", "--data", out, "--rows-per-day", str(rows_per_day),
+            "--days", str(days)]

@@ -1,30 +1,38 @@
 """The pool's allreduce, measured: a short Gloo allreduce between ranks placed as the pool's device
 types, fitted as ``seconds = latency + 2·(N−1)/N · bytes / bandwidth`` and stored in the profile
-bank per pool (docs/ARCHITECTURE.md, "The learned estimator").
+bank per pool and launcher (docs/ARCHITECTURE.md, "The learned estimator").
 
-The parent (:func:`probe_pool`, ``python -m pipelines probe-allreduce --pool POOL``) starts one
-rank per device of the pool (at most :data:`MAX_RANKS`) with the local launcher, each pinned and
-capped as its type, so the figure includes what a slow device's quota does to a collective.  The
-ranks run ``python -m pipelines.estimate.probe``; rank 0 prints the fit.
+The ranks (:func:`pipelines.core.plan.probe_plan`: one per device, a device of each type in turn,
+at most :data:`MAX_RANKS`) run ``python -m pipelines.estimate.probe``; rank 0 prints the fit.
+
+- Locally the parent (:func:`probe_pool`, ``python -m pipelines probe-allreduce --pool POOL``)
+  starts them with the local launcher, each pinned and capped as its type, so the figure includes
+  what a slow device's quota does to a collective, and stores the row from rank 0's line.
+- On Kubernetes they are a gang of rank pods built as a training's
+  (:func:`pipelines.launch.k8s.probe_job_manifests`), given ``--pool``, ``--launcher``, ``--bank``
+  and ``--source``: rank 0 stores the row itself, since the bank is where the pods are (the artifact
+  volume, or a bucket through the Secret's credentials), not on the Airflow side.
 """
 
 from __future__ import annotations
 
+import argparse
 import io
 import sys
 import time
 from typing import Any
 
+from pipelines.core.plan import PROBE_RANKS, probe_plan
 from pipelines.core.stages import last_json_object
 from pipelines.errors import StageError, exit_codes
 from pipelines.launch.local import launch, profiles_from_pool
-from pipelines.spec import load_pool
+from pipelines.spec import PoolSpec, load_pool
 from pipelines.stores.profile_bank import ProfileBank, now, pool_key
 from pipelines.sync.horovod_job import horovod_job, print_result, start_rank
 
 SIZES_BYTES = (4 << 10, 256 << 10, 2 << 20, 8 << 20)
 REPEATS = 12
-MAX_RANKS = 4
+MAX_RANKS = PROBE_RANKS
 
 
 def fit_link(ranks: int, sizes: list[int], seconds: list[float]) -> dict[str, float]:
@@ -39,11 +47,35 @@ def fit_link(ranks: int, sizes: list[int], seconds: list[float]) -> dict[str, fl
     return {"latency_s": max(latency, 1e-6), "bandwidth_bps": 1e6 / per_mb if per_mb > 0 else 1e12}
 
 
+def link_row(pool: PoolSpec, launcher: str, measured: dict[str, Any], source: str) -> dict[str, Any]:
+    """The bank's ``links`` row of rank 0's fit, keyed as the estimate reads it
+    (``pool_key(pool, launcher)``, :func:`pipelines.estimate.stage.pool_link`)."""
+    return {"pool_key": pool_key(pool, launcher), "ranks": measured["ranks"], "latency_s": measured["latency_s"],
+            "bandwidth_bps": measured["bandwidth_bps"], "source": source, "recorded_at": now()}
+
+
+def rank_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m pipelines.estimate.probe",
+                                description="one rank of the allreduce probe; rank 0 prints the fit")
+    p.add_argument("--pool", help="the pool (inline JSON or a file): with --bank, rank 0 stores the fit under its key")
+    p.add_argument("--launcher", choices=("local", "kubernetes"), default="kubernetes",
+                   help="the launcher whose key the pool's row gets (default: %(default)s)")
+    p.add_argument("--bank", help="profile bank URI: rank 0 appends the fit to its links table")
+    p.add_argument("--source", default="", help="recorded with the row: the run that probed")
+    return p
+
+
 @exit_codes
-def rank_main() -> int:
-    """One rank of the probe: time ``REPEATS`` allreduces of each size; rank 0 prints the fit.
-    Errors end it as every program's (pipelines.errors.exit_codes)."""
+def rank_main(argv: list[str] | None = None) -> int:
+    """One rank of the probe: time ``REPEATS`` allreduces of each size; rank 0 prints the fit and,
+    with ``--bank`` (the Kubernetes probe's pods), stores it first.  Errors end it as every
+    program's (pipelines.errors.exit_codes)."""
+    args = rank_parser().parse_args(argv)
+    if args.bank and not args.pool:
+        raise StageError("--bank needs --pool: the fit is stored under the pool's key")
+    pool = load_pool(args.pool) if args.pool else None  # a bad pool fails before the rendezvous
     start_rank()
+    measured = None
     with horovod_job() as hvd:
         import tensorflow as tf  # here, not above: the estimate stage imports this module without needing it
 
@@ -64,15 +96,22 @@ def rank_main() -> int:
             times = hvd.allgather(tf.constant([sorted(times)[len(times) // 2]], tf.float64)).numpy()
             medians.append(float(times.max()))  # the collective ends for all with the slowest
         if hvd.rank() == 0:
-            print_result({"ranks": hvd.size(), "sizes": list(SIZES_BYTES), "seconds": medians,
-                          **fit_link(hvd.size(), list(SIZES_BYTES), medians)})
+            measured = {"ranks": hvd.size(), "sizes": list(SIZES_BYTES), "seconds": medians,
+                        **fit_link(hvd.size(), list(SIZES_BYTES), medians)}
+    if measured is None:
+        return 0
+    if args.bank:
+        row = link_row(pool, args.launcher, measured, f"probe {args.source or now()}".strip())
+        ProfileBank(args.bank).append("links", [row])
+        measured = {**row, "sizes": measured["sizes"], "seconds": measured["seconds"], "bank": args.bank}
+    print_result(measured)
     return 0
 
 
 def probe_pool(pool_source: str, bank_uri: str, timeout_s: float = 300.0) -> dict[str, Any]:
     """Measure a local pool's allreduce and store it in the bank; returns what was stored."""
     pool = load_pool(pool_source)
-    names = [d.name for d in pool.device_types for _ in range(d.count)][:MAX_RANKS]
+    names = [r["device"] for r in probe_plan(pool, MAX_RANKS)["ranks"]]
     profiles = profiles_from_pool(pool_source, names)
     if len(profiles) < 2:
         raise StageError(f"pool {pool_source}: one device has no allreduce to measure")
@@ -83,8 +122,7 @@ def probe_pool(pool_source: str, bank_uri: str, timeout_s: float = 300.0) -> dic
     measured = last_json_object(lines)
     if result.returncode != 0 or measured is None:
         raise StageError(f"the allreduce probe failed: {result.message or out.getvalue()[-500:]}")
-    row = {"pool_key": pool_key(pool, "local"), "ranks": measured["ranks"], "latency_s": measured["latency_s"],
-           "bandwidth_bps": measured["bandwidth_bps"], "source": f"probe {now()}", "recorded_at": now()}
+    row = link_row(pool, "local", measured, f"probe {now()}")
     ProfileBank(bank_uri).append("links", [row])
     return {**row, "sizes": measured["sizes"], "seconds": measured["seconds"], "bank": bank_uri,
             "quota_enforced": result.quota_enforced}

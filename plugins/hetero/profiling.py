@@ -1,6 +1,6 @@
 """The ``profile_pool`` DAG's operators: list a pool's device types, sweep the profiling model
-family on each (one mapped task per type), probe a local pool's allreduce, and fit the profile
-bank (docs/ARCHITECTURE.md, "Profiling a pool").
+family on each (one mapped task per type), probe the pool's allreduce, train the reference models,
+and fit the profile bank (docs/ARCHITECTURE.md, "Profiling a pool").
 
 Each task runs one command of :mod:`pipelines.core.profiling_commands` and returns its last JSON line as XCom;
 exit 2 (bad input) fails the task without retries, anything else is retried:
@@ -12,7 +12,10 @@ exit 2 (bad input) fails the task without retries, anything else is retried:
   allreduce probe holds it too.
 - ``launcher: kubernetes``: each sweep is a pod of its own with its device type's resources and
   placement, in parallel (a gang of one pod, :func:`hetero.runners.gang_runner.profile_job`), and so is the fit.
-  The allreduce probe is skipped: it measures a local pool's cores.
+  The allreduce probe is a Horovod gang of rank pods spanning the pool's device types, built as a
+  training's (:func:`hetero.runners.gang_runner.probe_job`), whose rank 0 stores the link in the
+  bank; the reference runs train through the training's own runners
+  (:class:`hetero.runners.reference_runner.ReferenceRunsRunner`).
 """
 
 from __future__ import annotations
@@ -90,8 +93,9 @@ def profile_params() -> dict:
     )  # fmt: skip
     params["reference_runs"] = Param(
         True, type="boolean", title="reference_runs",
-        description="On a local pool, also train two small reference models through the pipeline (about a minute) "
-        "so that the first run of any model on the pool is predicted with the pool's synchronous costs.",
+        description="Also train two small reference models through the pipeline (locally about a minute; on "
+        "Kubernetes as pods and a Horovod gang) so that the first run of any model on the pool is predicted with the "
+        "pool's synchronous costs.",
     )  # fmt: skip
     return {name: params[name] for name in PARAMS}
 
@@ -224,13 +228,18 @@ class _ProfileTask(RunnerOperator):
         hold = (lambda: sweep_lock(what, poll_s=self.lock_poll_s, log=self.log)) if lock else contextlib.nullcontext
         return LocalCommandRunner(what, cmd, hold)
 
-    def pod_runner(self, run: ProfileRun, device: str | None = None, *, source: str | None = None) -> Runner:
-        """The sweep on ``device`` (none: the bank's fit) as a gang of one pod."""
+    def pod_runner(self, run: ProfileRun, device: str | None = None, *, source: str | None = None,
+                   probe: bool = False) -> Runner:
+        """The sweep on ``device`` (none: the bank's fit) as a gang of one pod; with ``probe`` the
+        allreduce probe's gang of rank pods."""
         # Imported here: the gang runner imports the cncf.kubernetes provider (about 1.7 s), which
         # the parse of the DAG file, and local runs, would otherwise pay.
         from hetero.runners import gang_runner
 
-        job = gang_runner.profile_job(run.spec, device, size=run.size, source=source)
+        if probe:
+            job = gang_runner.probe_job(run.spec, pool=run.pool, source=source)
+        else:
+            job = gang_runner.profile_job(run.spec, device, size=run.size, source=source)
         return gang_runner.GangRunner(job, run.spec, deferrable=run.spec.kubernetes.deferrable,
                                       poll_interval=self.poll_interval, log=self.log)
 
@@ -262,38 +271,43 @@ class ProfileSweepOperator(_ProfileTask):
 
 class AllreduceProbeOperator(_ProfileTask):
     """Time a short Gloo allreduce between ranks placed as the pool's device types and store the
-    pool's latency and bandwidth in the bank (local pools of two devices or more; skipped on
-    Kubernetes and for a single device)."""
+    pool's latency and bandwidth in the bank under its key for the launcher (pools of two devices or
+    more; skipped for a single device).  Locally the ranks are processes pinned and capped as
+    their types; on Kubernetes a gang of rank pods built as a training's, whose rank 0 stores the
+    row (:func:`hetero.runners.gang_runner.probe_job`)."""
 
     ui_color = "#e8f2e0"
 
     def make_runner(self, context) -> Runner:
         run = checked_run(context)
-        if run.spec.launcher != "local":
-            raise AirflowSkipException("the allreduce probe places ranks on a local pool's cores; "
-                                       f"launcher {run.spec.launcher!r} has none to probe")
         if sum(d.count for d in load_pool(run.pool).device_types) < 2:
             raise AirflowSkipException(f"pool {run.pool} has one device: no allreduce to measure")
+        if run.spec.launcher != "local":
+            ctx = stage_context(context)
+            return self.pod_runner(run, source=sweep_source(ctx.dag_id, ctx.run_id), probe=True)
         cmd = probe_allreduce_command(run.pool, bank=run.bank, python=trainer_python())
         return self.local_runner("allreduce probe", cmd, lock=True)
 
 
 class ReferenceRunsOperator(_ProfileTask):
-    """Two short real trainings of reference models on a local pool, through the pipeline's own
+    """Two short real trainings of reference models on the pool, through the pipeline's own
     stages, recorded in the bank: the pool's synchronous costs, learned before any user's run
-    (local pools of two devices or more; skipped on Kubernetes and for a single device)."""
+    (pools of two devices or more; skipped for a single device).  Locally ``python -m pipelines
+    reference-runs``; on Kubernetes the stages' pods and the Horovod train gang, through the
+    training's runners (:class:`hetero.runners.reference_runner.ReferenceRunsRunner`)."""
 
     ui_color = "#e8f2e0"
 
     def make_runner(self, context) -> Runner:
         run = checked_run(context)
-        if run.spec.launcher != "local":
-            raise AirflowSkipException("reference runs train on a local pool; on Kubernetes the first training runs "
-                                       "of the pool teach its synchronous costs")
         if sum(d.count for d in load_pool(run.pool).device_types) < 2:
             raise AirflowSkipException(f"pool {run.pool} has one device: nothing synchronous to learn")
         if not run.reference_runs:
             raise AirflowSkipException("reference_runs is off")
+        if run.spec.launcher != "local":
+            from hetero.runners.reference_runner import ReferenceRunsRunner
+
+            return ReferenceRunsRunner(run.spec, run.pool, run.bank, poll_interval=self.poll_interval, log=self.log)
         cmd = reference_runs_command(run.pool, bank=run.bank, artifact_root=run.spec.artifact_root,
                                      python=trainer_python())
         return self.local_runner("reference runs", cmd, lock=True)

@@ -200,20 +200,32 @@ def test_local_sweeps_wait_for_each_other(tmp_path, trainer):
         assert Path(trainer.lock).read_text().startswith("next")
 
 
-def test_the_probe_runs_on_local_pools_and_is_skipped_on_kubernetes(tmp_path, trainer):
+def test_the_probe_runs_locally_as_a_command_and_on_kubernetes_as_a_gang_of_rank_pods(tmp_path, trainer):
+    from hetero.task_context import identity_from_context
+
     result = AllreduceProbeOperator(task_id="probe_allreduce").execute(context(params(tmp_path)))
     pool = str(ROOT / "examples" / "pool-local.yaml")
     assert result["pool"] == pool
     bank = str(tmp_path / "artifacts" / "_profiles")
     assert [trainer.python, *trainer.calls()[0]] == probe_allreduce_command(pool, bank=bank, python=trainer.python)
+    # on Kubernetes: the Horovod gang of one rank pod per device, rank 0 storing the link (no pod here:
+    # tests/k8s/test_profile_gangs.py runs it on the test cluster)
     k8s = params(tmp_path, launcher="kubernetes", artifact_root="/mnt/artifacts",
                  kubernetes={"artifact_volume_claim": "artifacts"})
-    with pytest.raises(AirflowSkipException, match="local pool"):
-        AllreduceProbeOperator(task_id="probe_allreduce").execute(context(k8s))
+    ctx = context(k8s, task_id="probe_allreduce")
+    runner = AllreduceProbeOperator(task_id="probe_allreduce").make_runner(ctx)
+    service, pods = runner.build_pods(identity_from_context(ctx))
+    assert runner.job.kind.name == "horovod" and service["metadata"]["name"].startswith("hvd-")
+    assert [p.metadata.labels["device_type"] for p in pods] == ["fast", "slow"]
+    command = pods[0].spec.containers[0].command
+    assert command[:3] == ["python", "-m", "pipelines.estimate.probe"]
+    assert command[command.index("--bank") + 1] == "/mnt/artifacts/_profiles"
+    assert command[command.index("--source") + 1] == f"profile_pool/{RUN_ID}"
     one = {"device_types": [{"name": "solo", "count": 1, "memory_gb": 1, "power_watts": 1, "cost_per_hour": 0}]}
     (tmp_path / "one.yaml").write_text(yaml.safe_dump(one))
-    with pytest.raises(AirflowSkipException, match="one device: no allreduce to measure"):
-        AllreduceProbeOperator(task_id="probe_allreduce").execute(context(params(tmp_path, pool=str(tmp_path / "one.yaml"))))
+    for launcher in (params(tmp_path), k8s):
+        with pytest.raises(AirflowSkipException, match="one device: no allreduce to measure"):
+            AllreduceProbeOperator(task_id="probe_allreduce").execute(context({**launcher, "pool": str(tmp_path / "one.yaml")}))
     assert len(trainer.calls()) == 1
 
 
@@ -228,11 +240,29 @@ def test_reference_runs_run_on_local_pools_unless_turned_off(tmp_path, trainer):
         pool, bank=bank, artifact_root=str(tmp_path / "artifacts"), python=trainer.python)
     with pytest.raises(AirflowSkipException, match="reference_runs is off"):
         ReferenceRunsOperator(task_id="reference_runs").execute(context(params(tmp_path, reference_runs=False)))
-    k8s = params(tmp_path, launcher="kubernetes", artifact_root="/mnt/artifacts",
-                 kubernetes={"artifact_volume_claim": "artifacts"})
-    with pytest.raises(AirflowSkipException, match="train on a local pool"):
-        ReferenceRunsOperator(task_id="reference_runs").execute(context(k8s))
     assert len(trainer.calls()) == 1
+
+
+def test_reference_runs_on_kubernetes_train_through_the_training_runners(tmp_path):
+    """No pod here (tests/k8s/test_profile_gangs.py runs them on the test cluster): the runner, and
+    the spec of each reference run, a Kubernetes Horovod job on the profiled pool, never deferred."""
+    from hetero.profiling import ReferenceRunsOperator
+    from hetero.runners.reference_runner import ReferenceRunsRunner, reference_spec
+    from pipelines.estimate.reference import REFERENCE_MODELS
+
+    k8s = params(tmp_path, launcher="kubernetes", artifact_root="/mnt/artifacts",
+                 kubernetes={"artifact_volume_claim": "artifacts", "deferrable": True})
+    runner = ReferenceRunsOperator(task_id="reference_runs").make_runner(context(k8s, task_id="reference_runs"))
+    assert isinstance(runner, ReferenceRunsRunner) and runner.models == REFERENCE_MODELS
+    assert runner.data == "/mnt/artifacts/_reference/data" and runner.bank == "/mnt/artifacts/_profiles"
+    model, kwargs, batch = REFERENCE_MODELS[0]
+    spec = reference_spec(runner.spec, runner.pool, runner.bank, runner.data, model, kwargs, batch, 2)
+    assert (spec.launcher, spec.artifact_root, spec.pool) == ("kubernetes", "/mnt/artifacts", runner.pool)
+    assert spec.kubernetes.artifact_volume_claim == "artifacts" and spec.kubernetes.deferrable is False
+    assert (spec.model.name, spec.training.strategy, spec.training.global_batch) == (model, "horovod", batch)
+    assert spec.dataset.uri == runner.data and spec.profile_bank_uri() == runner.bank
+    with pytest.raises(AirflowSkipException, match="reference_runs is off"):
+        ReferenceRunsOperator(task_id="reference_runs").execute(context({**k8s, "reference_runs": False}))
 
 
 def test_the_fit_returns_its_line_and_puts_each_device_types_fit_in_the_assets_event(tmp_path, trainer):

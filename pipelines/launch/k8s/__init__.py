@@ -8,9 +8,10 @@ side (``plugins/hetero``).  The modules:
 - :mod:`~pipelines.launch.k8s.identity`: which task try an object belongs to (names, labels);
 - :mod:`~pipelines.launch.k8s.pod_spec`: the pieces of every pod (resources, volumes, security);
 - :mod:`~pipelines.launch.k8s.validation`: the plan's ranks checked against the pool;
-- :mod:`~pipelines.launch.k8s.horovod`: the Horovod job (rank pods, rendezvous Service);
+- :mod:`~pipelines.launch.k8s.horovod`: the Horovod job (rank pods, rendezvous Service), and the
+  allreduce probe's;
 - :mod:`~pipelines.launch.k8s.parameter_server`: the parameter-server job, and the train task's job;
-- :mod:`~pipelines.launch.k8s.command_pods`: stage, calibration, profiling and fit pods.
+- :mod:`~pipelines.launch.k8s.command_pods`: stage, calibration, profiling, fit and reference-data pods.
 - :mod:`~pipelines.launch.k8s.permissions`: the RBAC permissions the code uses (``examples/rbac.yaml``);
 - :mod:`~pipelines.launch.k8s.cluster_check`: ``check-cluster``, the live cluster against a job (not re-exported).
 
@@ -29,11 +30,13 @@ from pipelines.launch.k8s.command_pods import (
     calibration_identity,
     calibration_pod_manifests,
     profile_pod_manifest,
+    reference_data_pod_manifest,
     stage_pod_manifest,
 )
 from pipelines.launch.k8s.horovod import (
     RENDEZVOUS_PORTS,
     job_manifests,
+    probe_job_manifests,
     rank_env,
     rank_pod_manifests,
     rank_pod_name,
@@ -96,6 +99,7 @@ __all__ = [
     "label_value",
     "pod_run_dir",
     "pod_security_context",
+    "probe_job_manifests",
     "profile_pod_manifest",
     "ps_cluster",
     "ps_job_manifests",
@@ -106,6 +110,7 @@ __all__ = [
     "rank_env",
     "rank_pod_manifests",
     "rank_pod_name",
+    "reference_data_pod_manifest",
     "rendezvous_address",
     "rendezvous_port",
     "rendezvous_service_manifest",

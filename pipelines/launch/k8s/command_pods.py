@@ -1,5 +1,5 @@
 """Pods that run one command each: a stage's pod, the estimate stage's calibration pods (one per
-device type) and the ``profile_pool`` DAG's sweep and fit pods."""
+device type) and the ``profile_pool`` DAG's sweep, fit and reference-data pods."""
 
 from __future__ import annotations
 
@@ -7,7 +7,12 @@ import dataclasses
 import json
 from typing import Any
 
-from pipelines.core.profiling_commands import fit_bank_command, sweep_command, sweep_source
+from pipelines.core.profiling_commands import (
+    fit_bank_command,
+    reference_data_command,
+    sweep_command,
+    sweep_source,
+)
 from pipelines.core.stages import StageContext, calibration_command, stage_command
 from pipelines.launch.k8s.identity import Identity, dns_label
 from pipelines.launch.k8s.pod_spec import (
@@ -170,6 +175,23 @@ def bank_fit_pod_manifest(
     res = dict(resources or DEFAULT_STAGE_RESOURCES)
     command = fit_bank_command(spec.profile_bank_uri())
     labels = {**identity.labels("profile-fit"), "rank": "0"}
+    name = dns_label(identity.task_id, 40) + f"-{identity.job_key[:8]}-t{identity.try_number}"
+    return _command_pod(spec, name, labels, identity, command, base_env(cpu_threads(res)), res, None)
+
+
+REFERENCE_DATA_RESOURCES = {"cpu": "1", "memory": "2Gi"}  # as examples/sample-data-pod.yaml
+
+
+def reference_data_pod_manifest(
+    spec: JobSpec, identity: Identity, out: str, *, rows_per_day: int, days: int
+) -> dict[str, Any]:
+    """The pod that writes the reference runs' generated data to ``out`` on the artifact volume,
+    unless it is there (:func:`pipelines.core.profiling_commands.reference_data_command`), where
+    their stage and rank pods read it, as ``examples/sample-data-pod.yaml`` writes the sample data."""
+    check_kubernetes(spec)
+    res = dict(REFERENCE_DATA_RESOURCES)
+    command = reference_data_command(out, rows_per_day=rows_per_day, days=days)
+    labels = {**identity.labels("reference-data"), "rank": "0"}
     name = dns_label(identity.task_id, 40) + f"-{identity.job_key[:8]}-t{identity.try_number}"
     return _command_pod(spec, name, labels, identity, command, base_env(cpu_threads(res)), res, None)
 

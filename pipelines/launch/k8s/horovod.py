@@ -15,8 +15,11 @@ Layout of one Horovod job (one Airflow task try):
 from __future__ import annotations
 
 import hashlib
+import json
 from typing import Any
 
+from pipelines.core.plan import probe_plan
+from pipelines.core.profiling_commands import probe_rank_command, sweep_source
 from pipelines.core.stages import rank_command
 from pipelines.launch.k8s.identity import ANNOTATION_PREFIX, Identity, dns_label
 from pipelines.launch.k8s.pod_spec import (
@@ -89,16 +92,18 @@ def rank_pod_manifests(
     *,
     fresh: bool = False,
     stage: str = "train",
+    command: list[str] | None = None,
 ) -> list[dict[str, Any]]:
     """One pod per rank of ``plan`` (format: docs/ARCHITECTURE.md, "Stages and their contracts"),
     rank 0 first, each running ``stage``'s rank program (``train``, or the distributed range test
-    of ``lr_search``); ``fresh``: run even when a result for the same inputs exists."""
+    of ``lr_search``), or ``command`` when given (the allreduce probe's ranks); ``fresh``: run even
+    when a result for the same inputs exists."""
     ranks = plan_ranks(plan, pool)
-    run_dir = run_dir or pod_run_dir(spec, identity)
     addr, port = rendezvous_address(spec, identity), rendezvous_port(identity)
     group = rendezvous_service_name(identity)
     volumes, mounts = volumes_and_mounts(spec, shm=True)
-    command = rank_command(run_dir, fresh=fresh, stage=stage)
+    if command is None:
+        command = rank_command(run_dir or pod_run_dir(spec, identity), fresh=fresh, stage=stage)
     pods = []
     for r, slot in zip(ranks, pod_slots(len(ranks)), strict=True):
         device = pool.get(r["device"])
@@ -161,4 +166,21 @@ def job_manifests(
     return {
         "service": rendezvous_service_manifest(spec, identity),
         "pods": rank_pod_manifests(spec, pool, plan, identity, run_dir, fresh=fresh, stage=stage),
+    }
+
+
+def probe_job_manifests(spec: JobSpec, pool: PoolSpec, identity: Identity, *, source: str | None = None) -> dict[str, Any]:
+    """The allreduce probe as a Horovod job (the ``profile_pool`` DAG's ``probe_allreduce`` task on
+    Kubernetes): the rank pods of :func:`pipelines.core.plan.probe_plan` (a device of each type in
+    turn, at most ``PROBE_RANKS``), built exactly as a training's (image, resources, node selector,
+    tolerations, affinity, the rendezvous Service), each running the probe's rank program with the
+    whole pool inline; rank 0 stores the fit in ``spec.profile_bank_uri()`` under the pool's
+    Kubernetes key and prints it (:func:`pipelines.core.profiling_commands.probe_rank_command`)."""
+    check_kubernetes(spec, pool)
+    inline = json.dumps(pool.model_dump(mode="json"), sort_keys=True)  # the pods cannot read the pool file
+    source = source or sweep_source(identity.dag_id, identity.run_id)
+    command = probe_rank_command(inline, "kubernetes", spec.profile_bank_uri(), source)
+    return {
+        "service": rendezvous_service_manifest(spec, identity),
+        "pods": rank_pod_manifests(spec, pool, probe_plan(pool), identity, command=command),
     }

@@ -10,7 +10,8 @@ gang in the task or, deferrable, creates the pods and hands the wait to
 The jobs: the plan's rank pods (:func:`horovod_job`, the train stage or lr_search's range test),
 the parameter-server job (:func:`parameter_server_job`), the estimate stage's calibration pods
 (:func:`calibration_job`, :func:`calibration_runner`) and the ``profile_pool`` DAG's pods
-(:func:`profile_job`).
+(:func:`profile_job`: a sweep or the fit; :func:`probe_job`: the allreduce probe's rank pods;
+:func:`reference_data_job`: the reference runs' data).
 """
 
 from __future__ import annotations
@@ -41,7 +42,9 @@ __all__ = [
     "calibration_runner",
     "horovod_job",
     "parameter_server_job",
+    "probe_job",
     "profile_job",
+    "reference_data_job",
 ]
 
 Manifests = dict[str, Any]  # {"service": <Service> or None, "pods": [<Pod>, ...]}, plain dicts
@@ -124,6 +127,30 @@ def profile_job(spec: JobSpec, device: str | None, *, pool: str | dict | None = 
         return GangJob(PROFILE, "Profile bank fit pod", manifests, intro="Fitting the profile bank's regressions in one pod")
     return GangJob(PROFILE, "Profiling pod", manifests,
                    intro=f"Sweeping the profiling models (size {size}) on device type {device} in its own pod")
+
+
+def probe_job(spec: JobSpec, *, pool: str | dict | None = None, source: str | None = None) -> GangJob:
+    """The allreduce probe's rank pods and their rendezvous Service, built as a training's rank
+    pods (:func:`pipelines.launch.k8s.probe_job_manifests`); rank 0 stores the pool's link in the
+    bank and its line is the result."""
+
+    def manifests(identity: k8s.Identity) -> Manifests:
+        pool_spec = load_pool(carried_inputs(spec, pool)["pool"])
+        return k8s.probe_job_manifests(spec, pool_spec, identity, source=source)
+
+    return GangJob(HOROVOD, "Allreduce probe", manifests,
+                   intro="Timing an allreduce between rank pods placed as the pool's device types")
+
+
+def reference_data_job(spec: JobSpec, out: str, *, rows_per_day: int, days: int) -> GangJob:
+    """The pod that writes the reference runs' generated data onto the artifact volume
+    (:func:`pipelines.launch.k8s.reference_data_pod_manifest`)."""
+
+    def manifests(identity: k8s.Identity) -> Manifests:
+        pod = k8s.reference_data_pod_manifest(spec, identity, out, rows_per_day=rows_per_day, days=days)
+        return {"service": None, "pods": [pod]}
+
+    return GangJob(PROFILE, "Reference data pod", manifests, intro=f"Writing the reference runs' data to {out}")
 
 
 class GangRunner:

@@ -159,6 +159,43 @@ def test_stage_kubernetes_without_a_profiles_file_plans_from_the_profile_bank(tm
         run(spec2, run_dir, StageContext(fresh=True))
 
 
+def test_stage_kubernetes_plans_with_the_pools_probed_link_instead_of_the_default(tmp_path):
+    """The profile_pool DAG's probe stores the link of a Kubernetes pool under its Kubernetes key
+    (pipelines.estimate.probe, rank 0 of the probe's gang): the estimate of a Kubernetes job on that
+    pool plans with it; the same pool's local link is another pool's."""
+    from pipelines.core.stages import StageContext
+    from pipelines.estimate.planner import ring_allreduce_s
+    from pipelines.estimate.runtime import DEFAULT_LINK
+    from pipelines.estimate.stage import run
+    from pipelines.stores.profile_bank import pool_key
+
+    spec, run_dir, pool_file = _stage_setup(tmp_path, model={"name": "tiny_mlp"}, estimate={"calibrate": "never"})
+    pool = load_pool(pool_file)
+    bank = ProfileBank(spec.profile_bank_uri())
+    for i, dev in enumerate(pool.device_types):
+        bank.append("steps", synthetic_rows(dev.name, device_key(dev, "kubernetes"), seed=i, speed=1 + 2 * i))
+
+    def link(key, latency, source):
+        bank.append("links", [{"pool_key": key, "ranks": 2, "latency_s": latency, "bandwidth_bps": 5e8,
+                               "source": source, "recorded_at": "2026-01-01T00:00:00+00:00"}])
+
+    def comm_s(result, latency, bandwidth):  # what the plan's step waits for the allreduce
+        ranks, param_bytes = len(result["plan"]["ranks"]), result["model"]["param_bytes"]
+        return latency + ring_allreduce_s(ranks, param_bytes, bandwidth)
+
+    link(pool_key(pool, "local"), 0.0001, "probe local")
+    guessed = run(spec, run_dir, StageContext())
+    assert guessed["link"] == DEFAULT_LINK
+    assert guessed["plan"]["allreduce_s"] == pytest.approx(comm_s(guessed, DEFAULT_LINK["latency_s"],
+                                                                  DEFAULT_LINK["bandwidth_bps"]))
+    link(pool_key(pool, "kubernetes"), 0.004, "probe profile_pool/r1")
+    probed = run(spec, run_dir, StageContext(fresh=True))
+    assert probed["pool_key"] == pool_key(pool, "kubernetes")
+    assert probed["link"] == {"latency_s": 0.004, "bandwidth_bps": 5e8, "measured": True,
+                              "source": "probe profile_pool/r1"}
+    assert probed["plan"]["allreduce_s"] == pytest.approx(comm_s(probed, 0.004, 5e8))
+
+
 def test_stage_local_rerun_reuses_its_result_after_calibrating(tmp_path, monkeypatch):
     """A local estimate's own calibration files do not change its input key: a retry returns the
     stored result without calibrating again."""
