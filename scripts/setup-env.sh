@@ -60,7 +60,7 @@ if [[ $which_env == trainer ]]; then
   py_tag=$("$venv/bin/python" -c 'import sys; print(f"cp{sys.version_info[0]}{sys.version_info[1]}")')
   wheel_dir=$CACHE/wheels/horovod-$HOROVOD_VERSION-tf$tf_version-$py_tag
   if ! ls "$wheel_dir"/horovod-*.whl >/dev/null 2>&1; then
-    echo "compiling horovod $HOROVOD_VERSION against TensorFlow $tf_version (about 7 minutes on 2 cores)"
+    echo "compiling horovod $HOROVOD_VERSION against TensorFlow $tf_version (one to two minutes on 2 cores)"
     tmp=$(mktemp -d)
     HOROVOD_WITH_TENSORFLOW=1 HOROVOD_WITH_GLOO=1 HOROVOD_WITHOUT_MPI=1 \
     HOROVOD_WITHOUT_PYTORCH=1 HOROVOD_WITHOUT_MXNET=1 MAKEFLAGS=-j"$(nproc)" \

@@ -2,10 +2,12 @@
 # `make test`: build both environments if needed, then the whole suite in two phases, then how long
 # each part took.
 #
-#   1. The trainer suite (.venv-trainer) and the Airflow suite (.venv) at the same time, each in its
-#      own process: they share nothing but the machine, and on 2 cores one suite alone leaves about
-#      half of the CPU idle (it waits on the scheduler, on pods, on process starts).  Their output
-#      is streamed with a prefix, [trainer] or [airflow].
+#   1. The trainer suite (.venv-trainer) and the Airflow suite (.venv) at the same time, the Airflow
+#      suite in two processes: the real deployment's tests (tests/integration/airflow, mostly waits
+#      on its scheduler and task processes) and the rest (DAGs, Kubernetes, the test cluster).  They
+#      share nothing but the machine, and on 2 cores one suite alone leaves much of the CPU idle (it
+#      waits on the scheduler, on pods, on process starts).  Their output is streamed with a
+#      prefix, [trainer], [airflow] or [deploy].
 #   2. The tests marked `timing` (they assert on a measured speed or CPU share: a quota-limited rank
 #      is slower, batches follow measured speeds, a 500m pod is planned as the slow device), alone,
 #      after phase 1, so that no other test takes the CPU they measure.
@@ -17,7 +19,8 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 
 TRAINER_TESTS=${TRAINER_TESTS:-tests/unit tests/integration/trainer tests/bench}
-AIRFLOW_TESTS=${AIRFLOW_TESTS:-tests/dags tests/k8s tests/cluster tests/integration/airflow}
+DEFAULT_AIRFLOW_TESTS="tests/dags tests/k8s tests/cluster tests/integration/airflow"
+AIRFLOW_TESTS=${AIRFLOW_TESTS:-$DEFAULT_AIRFLOW_TESTS}
 PYTEST_OPTS=${PYTEST_OPTS:--q -p no:cacheprovider --durations=15}
 export AIRFLOW_HOME=${AIRFLOW_HOME:-$PWD/.airflow}
 export AIRFLOW__CORE__DAGS_FOLDER=$PWD/dags AIRFLOW__CORE__PLUGINS_FOLDER=$PWD/plugins
@@ -58,12 +61,25 @@ side() {  # side NAME VENV TESTS...: one suite of phase 1, its lines prefixed, i
 }
 # shellcheck disable=SC2086
 side trainer .venv-trainer $TRAINER_TESTS &
-# shellcheck disable=SC2086
-side airflow .venv $AIRFLOW_TESTS &
+streams=(trainer)
+if [[ $AIRFLOW_TESTS == "$DEFAULT_AIRFLOW_TESTS" ]]; then  # the default set: the deployment's tests apart
+  side airflow .venv tests/dags tests/k8s tests/cluster &
+  side deploy .venv tests/integration/airflow &
+  streams+=(airflow deploy)
+else
+  # shellcheck disable=SC2086
+  side airflow .venv $AIRFLOW_TESTS &
+  streams+=(airflow)
+fi
 wait
-for name in trainer airflow; do
+for name in "${streams[@]}"; do
   read -r took code < "$ends/$name" || { took=0 code=1; }
-  parts+=("$name suite") secs+=("$took") codes+=("$code")
+  case $name in
+    deploy) label="Airflow suite: real deployment" ;;
+    airflow) label="Airflow suite${streams[2]:+: the rest}" ;;
+    *) label="$name suite" ;;
+  esac
+  parts+=("$label") secs+=("$took") codes+=("$code")
 done
 rm -rf "$ends"
 
@@ -74,7 +90,7 @@ run_part "timing tests, Airflow (alone)" pytest_in .venv timing $AIRFLOW_TESTS
 
 total=0 status=0
 echo
-echo "make test: time of each part (the two suites of phase 1 ran at the same time)"
+echo "make test: time of each part (the suites of phase 1 ran at the same time)"
 for i in "${!parts[@]}"; do
   result=ok
   [[ ${codes[$i]} == 0 ]] || result="FAILED (exit ${codes[$i]})"
