@@ -52,6 +52,9 @@ USER_COMMANDS = [
      "device type."),
     ("python -m pipelines.estimate.calibrate", "pipelines.estimate.calibrate:main",
      "Times the job's model on one device type for the estimate stage, which starts it placed as the type."),
+    ("python -m pipelines.estimate.reference", "pipelines.estimate.reference:main",
+     "Writes the reference runs' generated data unless it is there (the first pod of the Kubernetes reference "
+     "runs; `python -m pipelines reference-runs` does it itself on a local pool)."),
 ]
 RANK_COMMANDS = [
     ("python -m pipelines.train.trainer", "pipelines.train.command:parse_args",
@@ -59,6 +62,8 @@ RANK_COMMANDS = [
      "(one process per task, its role in `TF_CONFIG`), takes the same options."),
     ("python -m pipelines.lr_search.ranks", "pipelines.lr_search.ranks:parse_args",
      "The learning-rate range test, one process per rank."),
+    ("python -m pipelines.estimate.probe", "pipelines.estimate.probe:rank_main",
+     "The allreduce probe, one process per rank (the local probe's ranks and the Kubernetes probe's pods)."),
 ]
 
 
