@@ -91,7 +91,7 @@ def measure(tf, servers: int, args) -> float:
             model = tf.keras.Sequential([tf.keras.Input((args.units,))]
                                         + [tf.keras.layers.Dense(args.units) for _ in range(args.layers)]
                                         + [tf.keras.layers.Dense(10)])
-        server = Server(st, model, args.optimizer)
+        server = Server(st, model, args.optimizer, workers=len(cluster["worker"]))  # a clock per worker
         update = build_update(server, model, plain(server, {}), "async", 0, 0.0, 1.0)
         rng = np.random.default_rng(0)
         x = tf.constant(rng.normal(size=(args.batch, args.units)).astype("float32"))

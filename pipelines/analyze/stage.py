@@ -94,7 +94,7 @@ def _learn(spec: JobSpec, estimate: dict | None, run_dir: RunDir, ctx: StageCont
     summary = json.loads(summary_path.read_text())
     try:
         learned = record_run(estimate.get("profile_bank") or spec.profile_bank_uri(), estimate, summary,
-                             f"{ctx.dag_id}/{ctx.run_id}/{train_key}", spec.training.optimizer)
+                             f"{ctx.dag_id}/{ctx.run_id}/{train_key}", spec.training.optimizer, spec.dataset.uri)
     except (StageError, OSError) as e:
         log.warning("could not record this run in the profile bank: %s", e)
         return {"recorded": False, "why_not": str(e), "earlier": [], "parts": None, "step_rows_added": 0}

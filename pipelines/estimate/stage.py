@@ -242,7 +242,7 @@ def run(spec: JobSpec, run_dir: RunDir, ctx: StageContext) -> dict:
     alternative = planned.pop("alternative", None)  # auto: the other strategy on the same ranks
     timed = [_timed(spec, p, profiles, features, corrections) for p in (planned, alternative) if p is not None]
     if spec.training.strategy == "auto":  # by time to the target loss, not throughput alone
-        timed = time_to_accuracy(timed, bank.read("convergence"), pkey, model_key, spec.training)
+        timed = time_to_accuracy(timed, bank.read("convergence"), pkey, model_key, spec.dataset.uri, spec.training)
     chosen = pick_strategy(timed, spec.training.strategy)
     _check_deadline(spec, chosen)
     write_json(out_dir / "plan.json", chosen)

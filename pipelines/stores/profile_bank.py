@@ -94,6 +94,7 @@ CONVERGENCE_COLUMNS: dict[str, tuple[str, bool]] = {  # pipelines.stores.converg
     "pool_key": ("string", True),
     "model": ("string", True),
     "model_key": ("string", True),
+    "job": ("string", True),  # the dataset and the global batch: only runs of the same job are compared
     "run": ("string", True),
     "strategy": ("string", True),  # "horovod", or "parameter_server/<update_mode>/<combiner>"
     "epochs": ("float64", True),

@@ -9,11 +9,14 @@ each finished run); the parts are those of ``pipelines.estimate.runtime``.
 from __future__ import annotations
 
 import json
+import logging
 import math
 from typing import Any
 
 from pipelines.stores.convergence import convergence_row
-from pipelines.stores.profile_bank import ProfileBank, bank_features, now
+from pipelines.stores.profile_bank import BankError, ProfileBank, bank_features, now
+
+log = logging.getLogger(__name__)
 
 PARTS = ("startup", "calibration", "tracing", "steps", "checkpoints", "other")
 LEARNS_FROM = "horovod"  # the strategy whose runs' parts and per-rank steps the estimator learns from
@@ -134,7 +137,8 @@ def run_step_rows(summary: dict[str, Any], devices: list[str], device_keys: dict
     return rows
 
 
-def record_run(bank_uri: str, estimate: dict[str, Any], summary: dict[str, Any], run: str, optimizer: str) -> dict[str, Any]:
+def record_run(bank_uri: str, estimate: dict[str, Any], summary: dict[str, Any], run: str, optimizer: str,
+               dataset_uri: str = "") -> dict[str, Any]:
     """Add a finished run to the bank (its ``runs`` record and its per-rank ``steps`` rows), once
     per ``run`` (a retried analyze adds nothing twice); returns what the report shows: this run's
     parts and error, and the errors of earlier runs of the same model on the same pool.
@@ -144,7 +148,7 @@ def record_run(bank_uri: str, estimate: dict[str, Any], summary: dict[str, Any],
     allreduce) would teach the Horovod prediction wrong corrections and wrong step times, so such a
     run is left out, the bank untouched, with ``why_not`` saying so."""
     bank = ProfileBank(bank_uri)
-    converged = record_convergence(bank, estimate, summary, run)
+    converged = record_convergence(bank, estimate, summary, run, dataset_uri)
     strategy = summary.get("strategy") or LEARNS_FROM
     if strategy != LEARNS_FROM:
         return {"recorded": False, "step_rows_added": 0, "parts": None, "earlier": [], "convergence_recorded": converged,
@@ -179,12 +183,18 @@ def record_run(bank_uri: str, estimate: dict[str, Any], summary: dict[str, Any],
     }
 
 
-def record_convergence(bank: ProfileBank, estimate: dict[str, Any], summary: dict[str, Any], run: str) -> bool:
+def record_convergence(bank: ProfileBank, estimate: dict[str, Any], summary: dict[str, Any], run: str,
+                       dataset_uri: str) -> bool:
     """Add the run's training-loss curve to the bank's ``convergence`` table, once per ``run``, for
-    either strategy (pipelines.stores.convergence: time to accuracy); whether the bank has it now."""
-    if any(r["run"] == run for r in bank.read("convergence")):
-        return True
-    row = convergence_row(estimate, summary, run, now())
-    if row is not None:
-        bank.append("convergence", [row])
-    return row is not None
+    either strategy (pipelines.stores.convergence: time to accuracy); whether the bank has it now.
+    A bad convergence file is logged and skipped: it does not stop the run's other records."""
+    try:
+        if any(r["run"] == run for r in bank.read("convergence")):
+            return True
+        row = convergence_row(estimate, summary, run, now(), dataset_uri)
+        if row is not None:
+            bank.append("convergence", [row])
+        return row is not None
+    except BankError as e:
+        log.warning("the run's loss curve was not recorded: %s", e)
+        return False

@@ -28,7 +28,7 @@ from pipelines.stores.rundir import RunDir, input_key, read_completed, write_jso
 STAGE = "train"
 RESULT_FILE = "result.json"
 SUMMARY_FILE = "summary.json"
-LEFT_OUT = ("history", "checkpoint_saves")  # stay in summary.json, out of XCom
+LEFT_OUT = ("history", "checkpoint_saves", "loss_curve")  # stay in summary.json, out of XCom
 PARAMETER_SERVER = "parameter_server"  # a summary's ``strategy``; a Horovod summary has none
 # Keys only a parameter-server summary has: a Horovod run's summary reads as those written
 # before there were two strategies.
@@ -75,6 +75,7 @@ class RunSummary:
     strategy: str | None = None  # PARAMETER_SERVER, or None (Horovod)
     updates: int | None = None  # updates the workers computed, applied or not
     parameter_server: dict[str, Any] | None = None  # per worker updates, staleness, lost workers
+    loss_curve: list[list[float]] | None = None  # [step, window loss] of every window, thinned (loss_curve())
 
     def to_json(self) -> dict[str, Any]:
         """The summary as ``summary.json`` holds it."""
@@ -138,3 +139,14 @@ def result_path(out: str | Path) -> Path:
 def completed(out: str | Path, key: str) -> dict[str, Any] | None:
     """The stored result in ``out`` when it was made from the same inputs, else None."""
     return read_completed(result_path(out), key)
+
+
+def loss_curve(history: list[dict], most: int = 400) -> list[list[float]]:
+    """``[[step, loss], ...]`` of every window record, from the first: every k-th window and the
+    last, at most about ``most`` points (the summary keeps only the last windows' records, and
+    the estimator's time to accuracy needs the whole curve: pipelines.stores.convergence)."""
+    points = [[int(h["step"]), round(float(h["loss"]), 6)] for h in history if h.get("loss") is not None]
+    if len(points) > most:
+        kept = points[:: -(-len(points) // most)]
+        points = kept if kept[-1] is points[-1] else [*kept, points[-1]]
+    return points

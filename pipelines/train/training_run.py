@@ -20,7 +20,7 @@ from pipelines.core.progress import PRINT_EVERY_S, progress_line
 from pipelines.train.events import EventWriter
 from pipelines.train.export import export_saved_model, save_weights
 from pipelines.train.rank_job import TrainJob
-from pipelines.train.result import RunFigures, RunSummary
+from pipelines.train.result import RunFigures, RunSummary, loss_curve
 from pipelines.train.warm import WEIGHTS, warm_start
 
 log = logging.getLogger("pipelines.train")
@@ -136,6 +136,7 @@ class TrainingRun:
             resumed_from_step=resumed_from,
             warm_started_from=self.warm_started_from,
             history=self.history[-KEPT:],
+            loss_curve=loss_curve(self.history),
         )
 
     def finish(self, step: int, resumed_from: int, train_s: float, model: Any) -> dict[str, Any]:

@@ -64,27 +64,28 @@ def test_auto_picks_by_time_to_the_target_loss_not_throughput_alone():
     from pipelines.stores.convergence import time_to_accuracy
 
     class Training:
-        update_mode, combiner = "async", "plain"
+        update_mode, combiner, max_staleness = "async", "plain", 4
 
     best = auto_plan(SMALL_MODEL)
     plans = [_timed(best), _timed(best.pop("alternative"))]
     ps_s, hvd_s = (next(p["predicted_total_s"] for p in plans if p["strategy"] == s) for s in ("parameter_server", "horovod"))
     assert ps_s < hvd_s < 1.75 * ps_s  # by throughput the parameter server wins
-    hvd = {"pool_key": "pool", "model_key": "m", "run": "h", "strategy": "horovod", "epochs": 2.0, "final_loss": 0.5,
+    job = f"/data|B={plans[0]['global_batch']}"
+    hvd = {"pool_key": "pool", "model_key": "m", "job": job, "run": "h", "strategy": "horovod", "epochs": 2.0, "final_loss": 0.5,
            "curve": "[[0.5, 1.5], [1.0, 0.9], [2.0, 0.5]]", "recorded_at": "2026-11-01"}
     slow = {**hvd, "run": "a", "strategy": "parameter_server/async/plain", "epochs": 4.0, "final_loss": 0.3,
-            "curve": "[[1.0, 1.2], [3.0, 0.7], [4.0, 0.3]]", "recorded_at": "2026-11-02"}
-    chosen = pick_strategy(time_to_accuracy(plans, [hvd, slow], "pool", "m", Training), "auto")
+            "curve": "[[1.0, 1.2], [3.0, 0.7], [4.0, 0.3]]", "recorded_at": "2026-11-02"}  # reaches 0.5 at 3.5
+    chosen = pick_strategy(time_to_accuracy(plans, [hvd, slow], "pool", "m", "/data", Training), "auto")
     ps = chosen["strategies"]["parameter_server"]
     assert ps["epoch_ratio"] == pytest.approx(3.5 / 2.0)  # 0.5 reached at 3 + (0.7 - 0.5) / (0.7 - 0.3) epochs
     assert chosen["strategy"] == "horovod", chosen["strategy_reason"]
-    assert "reached Horovod's training loss 0.5 in 3.50 epoch(s) against 2.00" in chosen["strategy_reason"]
+    assert "reached training loss 0.5 in 3.50 epoch(s) against Horovod's 2.00" in chosen["strategy_reason"]
     never = {**slow, "curve": "[[1.0, 1.2], [4.0, 0.6]]", "final_loss": 0.6}
-    chosen = pick_strategy(time_to_accuracy(plans, [hvd, never], "pool", "m", Training), "auto")
+    chosen = pick_strategy(time_to_accuracy(plans, [hvd, never], "pool", "m", "/data", Training), "auto")
     assert chosen["strategy"] == "horovod" and chosen["strategies"]["parameter_server"]["epoch_ratio"] is None
-    assert "did not reach Horovod's training loss 0.5" in chosen["strategy_reason"]
+    assert "did not reach Horovod's loss" in chosen["strategy_reason"]
     # as fast per epoch as Horovod (or nothing learned yet): throughput decides
     quick = {**slow, "curve": "[[1.0, 0.9], [2.0, 0.45]]"}
-    assert pick_strategy(time_to_accuracy(plans, [hvd, quick], "pool", "m", Training), "auto")["strategy"] == "parameter_server"
-    chosen = pick_strategy(time_to_accuracy(plans, [], "pool", "m", Training), "auto")
+    assert pick_strategy(time_to_accuracy(plans, [hvd, quick], "pool", "m", "/data", Training), "auto")["strategy"] == "parameter_server"
+    chosen = pick_strategy(time_to_accuracy(plans, [], "pool", "m", "/data", Training), "auto")
     assert chosen["strategy"] == "parameter_server" and "no run of parameter_server/async/plain" in chosen["strategy_reason"]

@@ -9,13 +9,13 @@ import json
 import pytest
 
 from pipelines.stores.rundir import RunDir
-from pipelines.train.result import RunFigures, RunSummary, stage_result
+from pipelines.train.result import RunFigures, RunSummary, loss_curve, stage_result
 
 HOROVOD_KEYS = {
     "global_batch", "ranks", "rebalance_events", "epochs", "steps", "final_loss", "final_train_accuracy",
     "train_seconds", "timings", "loop_seconds", "samples_per_sec", "input_wait_fraction", "steady_seconds",
     "balance_efficiency", "learning_rate", "saved_model", "events_dir", "checkpoint_dir", "checkpoint_saves",
-    "checkpoint_seconds", "resumed_from_step", "warm_started_from", "history",
+    "checkpoint_seconds", "resumed_from_step", "warm_started_from", "history", "loss_curve",
 }
 
 
@@ -32,7 +32,7 @@ def summary(**extra) -> RunSummary:
         final_train_accuracy=0.8, train_seconds=3.0, timings={"startup_s": 0.5, "calibration_s": 0.0},
         learning_rate=0.05, saved_model="out/saved_model", events_dir="out/events", checkpoint_dir="out/checkpoints",
         checkpoint_saves=[{"step": 12, "seconds": 0.1}], checkpoint_seconds=0.1, resumed_from_step=0,
-        warm_started_from=None, history=[{"step": 10}], **extra)
+        warm_started_from=None, history=[{"step": 10}], loss_curve=[[10, 0.5]], **extra)
 
 
 def test_the_result_is_the_summary_less_its_lists_with_the_input_key(run):
@@ -44,7 +44,8 @@ def test_a_horovod_summary_has_the_trainers_keys_and_no_strategy(run):
     s = summary().to_json()
     assert set(s) == HOROVOD_KEYS
     assert s["loop_seconds"] == 2.0 and s["ranks"] == [{"rank": 0, "device": "fast"}] and s["warm_started_from"] is None
-    assert summary().result("k1", run) == {k: v for k, v in s.items() if k not in ("history", "checkpoint_saves")} | {
+    assert summary().result("k1", run) == {k: v for k, v in s.items() if k not in ("history", "checkpoint_saves",
+                                                                                 "loss_curve")} | {
         "input_key": "k1", "stage": "train", "run_dir": str(run)}
 
 
@@ -59,3 +60,12 @@ def test_write_leaves_the_summary_then_the_result(run):
     result = summary().write(out, "k1", run)
     assert json.loads((out / "summary.json").read_text())["history"] == [{"step": 10}]
     assert json.loads((out / "result.json").read_text()) == result and result["input_key"] == "k1"
+
+
+def test_the_loss_curve_keeps_every_window_from_the_first_thinned():
+    history = [{"step": s, "loss": 1.0 / s} for s in range(1, 1001)]
+    curve = loss_curve(history, most=100)
+    assert curve[0] == [1, 1.0] and curve[-1] == [1000, 0.001] and len(curve) == 101
+    assert [s for s, _ in curve[:3]] == [1, 11, 21]  # every 10th window
+    assert loss_curve(history[:5]) == [[s, round(1.0 / s, 6)] for s in range(1, 6)]
+    assert loss_curve([{"step": 3}]) == []  # a record without a loss
