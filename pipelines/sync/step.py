@@ -80,8 +80,13 @@ def build_steps(model, optimizer, hvd, shape: Sequence[int], mean: float, std: f
         with tf.control_dependencies(grads + [stats]):
             t1 = tf.timestamp()
         with tf.control_dependencies([t1]):
-            # allreduce: one fused average of every gradient plus the loss and accuracy figures
-            reduced = hvd.grouped_allreduce(grads + [stats], op=hvd.Average)
+            # allreduce: one fused average of every gradient plus the loss and accuracy figures.
+            # An embedding's gradient comes as IndexedSlices, which Horovod would allgather (every
+            # rank's rows, N times the looked-up rows, more than the table itself for a batch that
+            # looks up many tokens); made dense it is averaged like any other gradient, the cost the
+            # planner prices (a ring allreduce of the parameters).
+            dense = [tf.convert_to_tensor(g) if isinstance(g, tf.IndexedSlices) else g for g in grads]
+            reduced = hvd.grouped_allreduce(dense + [stats], op=hvd.Average)
         optimizer.learning_rate.assign(lr)
         applied = optimizer.apply_gradients(zip(reduced[:-1], model.trainable_variables))
         with tf.control_dependencies(reduced + [applied]):  # after the allreduce has delivered

@@ -105,3 +105,27 @@ def test_make_optimizer_is_the_jobs_optimizer(tf):
     assert type(sgd).__name__ == "SGD" and float(sgd.momentum) == pytest.approx(0.9)
     assert float(sgd.learning_rate) == pytest.approx(0.01)
     assert type(adam).__name__ == "Adam" and float(adam.learning_rate) == pytest.approx(0.02)
+
+
+def test_an_embeddings_gradient_is_averaged_dense_not_gathered(tf):
+    """Horovod allgathers IndexedSlices (every rank's looked-up rows); the step hands it dense
+    tensors, so an embedding's table is averaged as the planner prices it."""
+    from pipelines.models import build_model
+
+    class Recording(OneRank):
+        def grouped_allreduce(self, tensors, op):
+            self.kinds = [type(t).__name__ for t in tensors]
+            return super().grouped_allreduce(tensors, op)
+
+    tf.keras.utils.set_random_seed(3)
+    model = build_model("embedding_net", SHAPE, 10, {"levels": 4, "dim": 3, "dense": []})
+    x, y = batch(tf, 6, seed=2)
+    grads, _ = forward_backward(model, x, y, tf.constant(step_weight([6], 0), tf.float32), MEAN, STD)
+    assert any(isinstance(g, tf.IndexedSlices) for g in grads)  # what the embedding's tape gives
+    before = [v.numpy() for v in model.trainable_variables]
+    hvd = Recording()
+    steps = build_steps(model, tf.keras.optimizers.SGD(learning_rate=1.0), hvd, SHAPE, MEAN, STD)
+    steps.train(x, y, tf.constant(step_weight([6], 0), tf.float32), tf.constant(0.5))
+    assert "IndexedSlices" not in " ".join(hvd.kinds) and len(hvd.kinds) == len(grads) + 1
+    for b, g, v in zip(before, grads, model.trainable_variables, strict=True):
+        np.testing.assert_allclose(v.numpy(), b - 0.5 * tf.convert_to_tensor(g).numpy(), rtol=1e-5, atol=1e-6)
