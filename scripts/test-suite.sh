@@ -2,12 +2,13 @@
 # `make test`: build both environments if needed, then the whole suite in two phases, then how long
 # each part took.
 #
-#   1. The trainer suite (.venv-trainer) and the Airflow suite (.venv) at the same time, the Airflow
-#      suite in two processes: the real deployment's tests (tests/integration/airflow, mostly waits
-#      on its scheduler and task processes) and the rest (DAGs, Kubernetes, the test cluster).  They
-#      share nothing but the machine, and on 2 cores one suite alone leaves much of the CPU idle (it
+#   1. The trainer suite (.venv-trainer) and the Airflow suite (.venv) at the same time, each in two
+#      processes: the benchmarks' smoke tests (tests/bench) apart from the rest of the trainer suite,
+#      the real deployment's tests (tests/integration/airflow, mostly waits on its scheduler and
+#      task processes) apart from the rest (DAGs, Kubernetes, the test cluster).  They share
+#      nothing but the machine, and on 2 cores one suite alone leaves much of the CPU idle (it
 #      waits on the scheduler, on pods, on process starts).  Their output is streamed with a
-#      prefix, [trainer], [airflow] or [deploy].
+#      prefix: [trainer], [bench], [airflow] or [deploy].
 #   2. The tests marked `timing` (they assert on a measured speed or CPU share: a quota-limited rank
 #      is slower, batches follow measured speeds, a 500m pod is planned as the slow device), alone,
 #      after phase 1, so that no other test takes the CPU they measure.
@@ -18,7 +19,8 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
-TRAINER_TESTS=${TRAINER_TESTS:-tests/unit tests/integration/trainer tests/bench}
+DEFAULT_TRAINER_TESTS="tests/unit tests/integration/trainer tests/bench"
+TRAINER_TESTS=${TRAINER_TESTS:-$DEFAULT_TRAINER_TESTS}
 DEFAULT_AIRFLOW_TESTS="tests/dags tests/k8s tests/cluster tests/integration/airflow"
 AIRFLOW_TESTS=${AIRFLOW_TESTS:-$DEFAULT_AIRFLOW_TESTS}
 PYTEST_OPTS=${PYTEST_OPTS:--q -p no:cacheprovider --durations=15}
@@ -59,9 +61,15 @@ side() {  # side NAME VENV TESTS...: one suite of phase 1, its lines prefixed, i
   code=${PIPESTATUS[0]}
   echo "$(($(date +%s) - start)) $code" > "$ends/$name"
 }
-# shellcheck disable=SC2086
-side trainer .venv-trainer $TRAINER_TESTS &
-streams=(trainer)
+if [[ $TRAINER_TESTS == "$DEFAULT_TRAINER_TESTS" ]]; then  # the default set: the benchmarks' smoke tests apart
+  side trainer .venv-trainer tests/unit tests/integration/trainer &
+  side bench .venv-trainer tests/bench &
+  streams=(trainer bench)
+else
+  # shellcheck disable=SC2086
+  side trainer .venv-trainer $TRAINER_TESTS &
+  streams=(trainer)
+fi
 if [[ $AIRFLOW_TESTS == "$DEFAULT_AIRFLOW_TESTS" ]]; then  # the default set: the deployment's tests apart
   side airflow .venv tests/dags tests/k8s tests/cluster &
   side deploy .venv tests/integration/airflow &
@@ -76,7 +84,8 @@ for name in "${streams[@]}"; do
   read -r took code < "$ends/$name" || { took=0 code=1; }
   case $name in
     deploy) label="Airflow suite: real deployment" ;;
-    airflow) label="Airflow suite${streams[2]:+: the rest}" ;;
+    airflow) label="Airflow suite: DAGs, Kubernetes" ;;
+    bench) label="trainer suite: benchmarks" ;;
     *) label="$name suite" ;;
   esac
   parts+=("$label") secs+=("$took") codes+=("$code")
