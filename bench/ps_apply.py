@@ -29,6 +29,7 @@ import os
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -76,6 +77,7 @@ def measure(tf, servers: int, args) -> float:
 
     from pipelines.train.combiners import plain
     from pipelines.train.ps_cluster import strategy, wait_for_tasks
+    from pipelines.train.ps_rows import prepare
     from pipelines.train.ps_server import Server, build_update
 
     ports = free_ports(3 + servers)
@@ -92,16 +94,17 @@ def measure(tf, servers: int, args) -> float:
                                         + [tf.keras.layers.Dense(args.units) for _ in range(args.layers)]
                                         + [tf.keras.layers.Dense(10)])
         server = Server(st, model, args.optimizer, workers=len(cluster["worker"]))  # a clock per worker
-        update = build_update(server, model, plain(server, {}), "async", 0, 0.0, 1.0)
         rng = np.random.default_rng(0)
-        x = tf.constant(rng.normal(size=(args.batch, args.units)).astype("float32"))
-        y = tf.constant(rng.integers(0, 10, size=args.batch).astype("int32"))
-        lr = tf.constant(1e-4)
+        x = rng.normal(size=(args.batch, args.units)).astype("float32")
+        y = rng.integers(0, 10, size=args.batch).astype("int32")
+        store, _ = prepare(Path(tempfile.mkdtemp()) / "rows", x, y, (args.units,), "bench")  # the workers read it
+        update = build_update(server, model, plain(server, {}), "async", 0, 0.0, 1.0, store)
+        rows, lr = tf.constant(np.arange(args.batch), tf.int64), tf.constant(1e-4)
 
         def run(n: int) -> None:
             flight = []
             for _ in range(n):
-                flight.append(coordinator.schedule(update, args=(x, y, lr)))
+                flight.append(coordinator.schedule(update, args=(rows, lr)))
                 if len(flight) >= IN_FLIGHT:
                     flight.pop(0).fetch()
             for f in flight:

@@ -8,15 +8,16 @@ job, with the task's role in ``TF_CONFIG`` (``pipelines.launch.tfconfig``)::
 
 - ``worker`` and ``ps`` tasks start a TensorFlow server and serve until they are stopped;
 - the ``chief`` is the coordinator (``ParameterServerStrategy`` with ``ClusterCoordinator``): it
-  builds the model on the parameter servers, feeds the epoch's rows batch by batch to whichever
-  worker is free (so faster workers do more updates), writes checkpoints, events, the SavedModel
-  and the result, which it prints as its last line, as rank 0 of the Horovod trainer does.
+  builds the model on the parameter servers, writes the training rows once where the workers read
+  them (``ps_rows``), hands the epoch's rows, as indices, batch by batch to whichever worker is free
+  (so faster workers do more updates), writes checkpoints, events, the SavedModel and the result,
+  which it prints as its last line, as rank 0 of the Horovod trainer does.
 
 The command line, the stored result and the exit codes are the Horovod trainer's
 (``pipelines.train.command``), with 3 when a parameter server is lost: the retry resumes from the
 last checkpoint.  The cluster as a task sees it is ``pipelines.train.ps_cluster``; the chief's
-work ``pipelines.train.ps_chief``, its summary's parameter-server parts ``ps_summary`` and the
-servers' state and update ``ps_server``.
+work ``pipelines.train.ps_chief`` (its sync rounds ``ps_rounds``), its summary's parameter-server
+parts ``ps_summary``, the servers' state and update ``ps_server`` and the workers' rows ``ps_rows``.
 """
 
 from __future__ import annotations

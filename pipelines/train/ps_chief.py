@@ -3,15 +3,20 @@ events, the update log, the SavedModel and the result (docs/ARCHITECTURE.md, "Pa
 training").
 
 The chief walks each epoch's permutation (seeded as in Horovod mode) in batches of
-b = B / N rows, and schedules one update per batch with ``ClusterCoordinator.schedule``; the
+b = B / N rows, and schedules one update per batch with ``ClusterCoordinator.schedule``, sending
+only the batch's row indices (the worker reads the rows itself: ``pipelines.train.ps_rows``); the
 coordinator hands it to whichever worker is free, so a faster worker does more updates (in
 ``bounded`` mode, at most ``max_staleness`` more than the slowest: ``pipelines.train.ps_clock``).
 At most two updates per worker are in flight.  A deferred update (``bounded``: it gave up waiting
 for an idle worker and computed nothing) has its rows scheduled again; a dropped one (a combiner
 that drops, ``drop_stale``) does not.  In ``bounded`` mode a thread probes the workers and takes a
-lost one out of the clocks' minimum.  In ``sync`` mode the chief schedules a round of N updates,
-waits for it, and applies the round's mean once.  A checkpoint waits for the updates in flight, so
-it holds every update before it.
+lost one out of the clocks' minimum.  In ``sync`` mode a round is B rows: the chief cuts them into
+chunks (as finely as the fastest cut measured: ``pipelines.train.ps_rounds``) and schedules them
+all; each worker takes the next chunk whenever it is free, so its share of the round follows its speed,
+and adds its chunk's summed gradient to the round's sum on the servers; once every chunk is in,
+the chief triggers the round's apply, which runs on the servers (``Server.apply_round``): exact
+synchronous SGD with batch B.  A checkpoint waits for the updates in flight, so it holds every
+update before it.
 """
 
 from __future__ import annotations
@@ -38,6 +43,8 @@ from pipelines.train.ps_cluster import (
     unreachable_servers,
     wait_for_tasks,
 )
+from pipelines.train.ps_rounds import Rounds
+from pipelines.train.ps_rows import prepare
 from pipelines.train.ps_server import MOMENTUM, Server, build_update, parse_record
 from pipelines.train.ps_summary import Tally, parameter_server_section, worker_figures
 from pipelines.train.rank_job import DivergedError, TrainingError, load_job
@@ -72,7 +79,9 @@ class Chief(TrainingRun):
         job = self.job
         t = self.t = job.spec.training
         self.mode = t.update_mode
-        self.batch = max(1, job.placement.global_batch // self.workers)  # every update's batch
+        self.batch = max(1, job.placement.global_batch // self.workers)  # an update's batch (sync: in chunks)
+        self.round_rows = job.placement.global_batch if self.mode == "sync" else 0  # sync: a round's rows
+        self.rounds = Rounds(self.workers) if self.round_rows else None
         wait_for_tasks(cluster)
         self.strategy = strategy(tf, len(cluster.get("ps", [])))
         self.coordinator = tf.distribute.experimental.coordinator.ClusterCoordinator(self.strategy)
@@ -85,7 +94,12 @@ class Chief(TrainingRun):
             self.combine = make_combiner(server, t, self.workers)
         except ValueError as e:
             raise TrainingError(f"training.combiner: {e}") from None
-        self.update = build_update(server, self.model, self.combine, self.mode, t.max_staleness, job.mean, job.std)
+        # the rows, written once where every worker reads them by index: the chief sends indices only
+        key = str(job.run_dir.read_result("preload").get("input_key", ""))
+        self.rows, self.rows_figures = prepare(job.out / "rows", job.x, job.y, job.shape, key)
+        self.timings["rows_store_write_s"] = self.rows_figures["rows_store_write_s"]
+        self.update = build_update(server, self.model, self.combine, self.mode, t.max_staleness, job.mean, job.std,
+                                   self.rows)
         self.apply_round = tf.function(lambda lr: server.apply_round(self.combine, lr))
         state = tf.train.Checkpoint(**server.trackables())
         self.checkpoints = Checkpoints(job.out / "checkpoints", self.model, state, [self.batch] * self.workers)
@@ -108,7 +122,7 @@ class Chief(TrainingRun):
         resumed_from = self.resume()
         self.open_events(self.workers)
         n = len(job.y)
-        per_epoch = math.ceil(n / self.batch) if self.mode != "sync" else math.ceil(n / (self.batch * self.workers))
+        per_epoch = math.ceil(n / (self.round_rows or self.batch))
         self.total_steps, self.warmup = job.epochs * per_epoch, int(round(t.warmup_epochs * per_epoch))
         # Linear scaling: an update of b rows moves at the rate for b; a sync round's mean, at B's.
         self.rate = job.base_lr if self.mode == "sync" else scaled_learning_rate(job.base_lr, job.placement.global_batch, self.batch)
@@ -134,7 +148,9 @@ class Chief(TrainingRun):
         train_s = time.time() - began
         self.end_window()
         self.save(self.step)
-        return self.finish(self.step, resumed_from or 0, train_s, self.local_model())
+        result = self.finish(self.step, resumed_from or 0, train_s, self.local_model())
+        self.rows.remove()  # trained: the workers' copy of the rows is no longer needed (a retry writes it again)
+        return result
 
     def run_epoch(self, epoch: int, order, pos: int) -> bool:
         """Schedule the epoch's batches from row ``pos`` on; True when ``--max-steps`` was reached."""
@@ -163,12 +179,11 @@ class Chief(TrainingRun):
         return False
 
     def schedule(self, rows) -> Pending:
-        """One update of ``rows`` at the schedule's current rate, to the next free worker."""
-        tf, job = self.tf, self.job
-        x = job.x[rows].reshape((-1, *job.shape))
-        y = job.y[rows]
+        """One update of ``rows`` at the schedule's current rate, to the next free worker, which
+        reads the rows itself: only their indices travel."""
+        tf = self.tf
         lr = scheduled_lr(self.step, self.rate, self.warmup, self.total_steps, self.t.lr_schedule)
-        args = (tf.constant(x), tf.constant(y), tf.constant(lr, tf.float32))
+        args = (tf.constant(rows, tf.int64), tf.constant(lr, tf.float32))
         try:
             value = self.coordinator.schedule(self.update, args=args)
         except self.transient_errors as e:  # an earlier update's failure, raised once by the coordinator
@@ -230,19 +245,18 @@ class Chief(TrainingRun):
             self.server.clocks.drain(False)
 
     def sync_round(self, order, pos: int) -> int:
-        """One round: an update per worker on the next rows, then the round's mean applied once."""
-        flight: collections.deque[Pending] = collections.deque()
-        for _ in range(self.workers):
-            if pos >= len(order):
-                break
-            rows = order[pos : pos + self.batch]
-            pos += len(rows)
-            flight.append(self.schedule(rows))
+        """One round: the next B rows in chunks to whichever worker is free (so each worker's
+        share follows its speed), then the round's mean applied once, on the servers."""
+        rows, began = order[pos : pos + self.round_rows], time.perf_counter()
+        chunks = self.rounds.cut(rows)
+        flight = collections.deque(self.schedule(c) for c in chunks)
         self.settle(flight)
+        shares = self.rounds.end(len(chunks), time.perf_counter() - began)
+        log.debug("round %d: %d chunks, shares %s", self.step, len(chunks), [round(s, 3) for s in shares])
         lr = scheduled_lr(self.step, self.rate, self.warmup, self.total_steps, self.t.lr_schedule)
         self.apply_round(self.tf.constant(lr, self.tf.float32))
         self.step += 1
-        return pos
+        return pos + len(rows)
 
     # ------------------------------------------------------------------------------ records
 
@@ -263,6 +277,9 @@ class Chief(TrainingRun):
                "compute_s": r["compute_s"], "wait_s": r["wait_s"], "correct": r["correct"],
                "clock": r["clock"], "clock_gap": r["clock_gap"], "clock_gap_first": r["clock_gap_first"],
                "clock_wait_s": r["clock_wait_s"], "clocks": r["clocks"]}
+        if self.rounds is not None:  # sync: the round it belongs to, and its worker's speed
+            row["round"] = self.step
+            self.rounds.add(r["worker"], float(r["samples"]), r["compute_s"] + r["wait_s"])
         self.records.append(row)
         self.window.append(row)
         if len(self.window) >= 10 * self.workers:
@@ -290,6 +307,8 @@ class Chief(TrainingRun):
             "updates": [len(p) for p in per],
             "staleness_mean": sum(r["staleness"] for r in rows) / len(rows),
         }
+        if self.rounds is not None:  # sync: each worker's share of the window's rounds
+            record["round_share"] = [s / max(1.0, sum(samples)) for s in samples]
         self.history.append(record)
         self.last = (record["loss"], record["accuracy"])
         self.events.write(self.step, record)
@@ -298,6 +317,8 @@ class Chief(TrainingRun):
             self.tf.summary.scalar("parameter_server/staleness_mean", record["staleness_mean"])
             for w in range(self.workers):
                 self.tf.summary.scalar(f"rank{w}/updates", record["updates"][w])
+                if self.rounds is not None:
+                    self.tf.summary.scalar(f"rank{w}/round_share", record["round_share"][w])
         self.window, self.window_t0 = [], now
 
     def flush_records(self) -> None:

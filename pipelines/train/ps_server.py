@@ -5,13 +5,14 @@ counter, the workers' clocks, the update a worker runs, and where each part of i
 Where things run:
 
 - **worker**: in ``bounded`` mode, the wait for its clock (``pipelines.train.ps_clock``); reading
-  the version, pulling the parameters, the forward and backward pass;
-- **servers**: the optimizer step, the version and the clocks.  Each variable (each shard of a
-  sharded one) is updated by one fused TensorFlow op (``ResourceApplyKerasMomentum`` for SGD with
-  momentum, ``ResourceApplyAdam``), placed on the server that holds it, with ``use_locking``: only
-  the gradient travels, and two updates to the same variable never interleave.  The fused ops are
-  what TensorFlow's own optimizers run for these rules, so the arithmetic is theirs, not a copy
-  written here;
+  its rows by index (``pipelines.train.ps_rows``), reading the version, pulling the parameters, the
+  forward and backward pass;
+- **servers**: the optimizer step (and a sync round's sum and mean), the version and the clocks.
+  Each variable (each shard of a sharded one) is updated by one fused TensorFlow op
+  (``ResourceApplyKerasMomentum`` for SGD with momentum, ``ResourceApplyAdam``), placed on the
+  server that holds it, with ``use_locking``: only the gradient travels, and two updates to the
+  same variable never interleave.  The fused ops are what TensorFlow's own optimizers run for these
+  rules, so the arithmetic is theirs, not a copy written here;
 - **chief**: the scheduling, the checkpoints and the logs (``pipelines.train.ps_chief``).
 
 A worker's update (:func:`build_update`) reads the clocks (and in ``bounded`` mode waits for them,
@@ -27,8 +28,10 @@ hands the update to the combiner (``pipelines.train.combiners``) and ticks its c
 - ``async`` and ``bounded`` with any other combiner: the claim and the combine run under one
   ``tf.CriticalSection`` (a combiner that keeps state between updates, a window's sum, needs it; a
   user's combiner is not assumed to be safe without it);
-- ``sync``: every update of a round is added to the round's sample-weighted sum;
-  :meth:`Server.apply_round` combines the round's mean once, after the round.
+- ``sync``: every update of a round (a chunk of the round's rows) is added to the round's
+  sample-weighted sum on the servers, without the lock (each variable's add is atomic and nothing
+  reads the sum during the round); :meth:`Server.apply_round` then combines the round's mean
+  once, on the servers: the chief only triggers it.
 
 ``bounded`` refuses nothing: its bound is the clocks' (no update begins more than
 ``max_staleness`` clocks ahead of the slowest live worker, so none is combined more than
@@ -113,7 +116,10 @@ class Accumulator:
     def add(self, gradients, weight):
         """Add ``weight`` × each gradient; returns the count after it."""
         tf = _tf()
-        ops = [s.assign_add(g * tf.cast(weight, g.dtype)) for s, g in zip(self.sums, gradients, strict=True)]
+        ops = []
+        for s, g in zip(self.sums, gradients, strict=True):
+            with tf.device(s.device):  # each sum's add on the server that holds it (atomic per variable)
+                ops.append(s.assign_add(g * tf.cast(weight, g.dtype)))
         ops.append(self.weight.assign_add(tf.cast(weight, tf.float32)))
         with tf.control_dependencies(ops):
             return self.updates.assign_add(1)
@@ -127,12 +133,20 @@ class Accumulator:
     def mean(self) -> list:
         """The weighted mean of the updates added since the last reset."""
         tf = _tf()
-        w = tf.maximum(self.weight.read_value(), 1e-12)
-        return [s.read_value() / tf.cast(w, s.dtype) for s in self.sums]
+        with tf.device(self.weight.device):
+            w = tf.maximum(self.weight.read_value(), 1e-12)
+        out = []
+        for s in self.sums:
+            with tf.device(s.device):  # on the server that holds the sum: only the scalar weight travels
+                out.append(s.read_value() / tf.cast(w, s.dtype))
+        return out
 
     def reset(self):
         tf = _tf()
-        ops = [s.assign(tf.zeros_like(s)) for s in self.sums]
+        ops = []
+        for s in self.sums:
+            with tf.device(s.device):
+                ops.append(s.assign(tf.zeros(s.shape, s.dtype)))
         ops += [self.weight.assign(0.0), self.updates.assign(0)]
         return tf.group(*ops)
 
@@ -299,10 +313,16 @@ class Server:
         bumped when the parameters changed; returns the version after."""
         return self.changes(combine, update, admit)[1]
 
-    def changes(self, combine, update: Update, admit):
-        """:meth:`combined`, returning (whether the parameters changed, the version after)."""
+    def changes(self, combine, update, admit):
+        """:meth:`combined`, returning (whether the parameters changed, the version after).
+        ``update`` may be a function that makes the :class:`Update`: it is then made inside the
+        branch that combines it, so no tensor of it passes through the branch's switch."""
         tf = _tf()
-        changed = tf.cond(admit, lambda: tf.cast(combine(update), tf.bool), lambda: tf.constant(False))
+
+        def merge():
+            return tf.cast(combine(update() if callable(update) else update), tf.bool)
+
+        changed = tf.cond(admit, merge, lambda: tf.constant(False))
         return changed, tf.cond(changed, lambda: self.version.assign_add(1), self.version.read_value)
 
     def claimed(self, combine, read, gradients, learning_rate, samples, worker, parameters=None):
@@ -329,18 +349,28 @@ class Server:
             return tf.identity(version), tf.identity(tau)
 
     def apply_round(self, combine, learning_rate):
-        """A sync round's end (called by the chief): the round's weighted mean combined once."""
+        """A sync round's end: the round's sample-weighted mean combined once, on the servers.
+
+        The chief calls it (a ``tf.function``), but it only triggers it: everything runs under the
+        first server's device, and each mean (:meth:`Accumulator.mean`) and each apply on the
+        server that holds its variable, so the chief sends the rate and reads back the version,
+        and no tensor of the model's size travels (``tests/integration/trainer/ps_placement_probe.py``
+        checks TensorFlow's placement of every op).  A combine's own ops made without a device
+        run on the first server."""
         tf = _tf()
         acc = self.accumulator("round")
 
+        def mean() -> Update:
+            return Update(acc.mean(), learning_rate, tf.constant(0, tf.int64), acc.total_weight(),
+                          tf.constant(-1, tf.int64), self.version.read_value())
+
         def critical():
-            update = Update(acc.mean(), learning_rate, tf.constant(0, tf.int64), acc.total_weight(),
-                            tf.constant(-1, tf.int64), self.version.read_value())
-            version = self.combined(combine, update, acc.count() > 0)
+            version = self.combined(combine, mean, acc.count() > 0)
             with tf.control_dependencies([version]):
                 return tf.identity(version), acc.reset()
 
-        return self.lock.execute(critical)[0]
+        with tf.device(self.version.device):
+            return self.lock.execute(critical)[0]
 
 
 def lock_free(combine) -> bool:
@@ -350,9 +380,10 @@ def lock_free(combine) -> bool:
     return bool(getattr(combine, "lock_free", False))
 
 
-def build_update(server: Server, model, combine, mode: str, max_staleness: int, mean: float, std: float):
-    """The ``tf.function`` a worker runs for one update of ``(x, y)`` at rate ``lr``; it returns
-    the update's record, the figures of :data:`RECORD` and the clocks (:func:`parse_record`)."""
+def build_update(server: Server, model, combine, mode: str, max_staleness: int, mean: float, std: float, rows):
+    """The ``tf.function`` a worker runs for one update of the rows ``indices`` at rate ``lr``,
+    which it reads itself from ``rows`` (``pipelines.train.ps_rows.RowStore``); it returns the
+    update's record, the figures of :data:`RECORD` and the clocks (:func:`parse_record`)."""
     tf = _tf()
     loss_fn = tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction="sum")
     round_acc = server.accumulator("round") if mode == "sync" else None
@@ -361,9 +392,10 @@ def build_update(server: Server, model, combine, mode: str, max_staleness: int, 
     bounded = mode == "bounded"
     drops = bool(getattr(combine, "drops", False))  # a False from combine means dropped, not held
 
-    def compute(x, y, lr, worker):
-        """Pull, forward and backward, combine, tick: the first nine figures of RECORD."""
+    def compute(indices, lr, worker):
+        """Read the rows, pull, forward and backward, combine, tick: the first nine figures of RECORD."""
         t0 = tf.timestamp()
+        x, y = rows.read(indices)  # on the worker, from its own mapping of the rows' files
         read = server.version.read_value()
         with tf.control_dependencies([read]):  # the parameters are pulled after the version is read
             copied = server.copy_reads(worker) if round_acc is None else tf.no_op()  # Server.keep_reads's copy
@@ -381,14 +413,15 @@ def build_update(server: Server, model, combine, mode: str, max_staleness: int, 
 
         def critical():
             tau = server.version.read_value() - read
-            if round_acc is not None:  # sync: into the round's sum; the chief applies it once
-                with tf.control_dependencies([round_acc.add(grads, n)]):
-                    return tf.constant(True), server.version.read_value(), tau
             update = Update(grads, lr, tau, n, worker, read, server.read_by(worker))
             changed, version = server.changes(combine, update, tf.constant(True))
             return (changed if drops else tf.constant(True)), version, tau
 
-        if unlocked:
+        if round_acc is not None:  # sync: into the round's sum, which the chief has applied once the
+            with tf.control_dependencies([round_acc.add(grads, n)]):  # round is in (per-variable atomic
+                version = server.version.read_value()  # adds, nothing reads the sum meanwhile: no lock)
+            admitted, tau = tf.constant(True), version - read
+        elif unlocked:
             version, tau = server.claimed(combine, read, grads, lr, n, worker, server.read_by(worker))
             admitted = tf.constant(True)
         else:  # the lock is taken once the gradients exist: taken any earlier, it would be held
@@ -400,7 +433,7 @@ def build_update(server: Server, model, combine, mode: str, max_staleness: int, 
             t2 = tf.timestamp()
         return [loss, correct, n, tau, admitted, version, worker, t1 - t0, t2 - t1]
 
-    def replica(x, y, lr):
+    def replica(indices, lr):
         worker = tf.distribute.coordinator.experimental_get_current_worker_index()
         if bounded:  # SSP: wait for the slowest live worker before computing (pipelines.train.ps_clock)
             server.clocks.start(worker)  # its own mark matters to the others only: no need to wait for it
@@ -415,7 +448,7 @@ def build_update(server: Server, model, combine, mode: str, max_staleness: int, 
             return tf.concat([tf.stack(values), tf.cast(waited.clocks, tf.float64)], 0)
 
         def run():
-            return record(compute(x, y, lr, worker), 0)
+            return record(compute(indices, lr, worker), 0)
 
         def defer():  # nothing computed: its rows go back to the chief
             with tf.control_dependencies([server.clocks.release(worker)]):
@@ -426,7 +459,7 @@ def build_update(server: Server, model, combine, mode: str, max_staleness: int, 
     strategy = server.strategy
 
     @tf.function
-    def update(x, y, lr):
-        return strategy.run(replica, args=(x, y, lr))
+    def update(indices, lr):
+        return strategy.run(replica, args=(indices, lr))
 
     return update

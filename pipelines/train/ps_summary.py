@@ -1,6 +1,7 @@
 """What the parameter-server chief counts, and what its run summary says beyond the Horovod
 trainer's: the workers as the summary's ``ranks`` and a ``parameter_server`` section (per worker
-updates, staleness, clocks and clock waits, the staleness histogram, lost workers)
+updates, staleness, clocks and clock waits, shares of the sync rounds, the staleness histogram,
+lost workers)
 (docs/ARCHITECTURE.md, "Parameter-server training").
 
 No TensorFlow: it reads the chief's tallies and window records.
@@ -13,6 +14,7 @@ from typing import Any
 
 from pipelines.train.ps_clock import staleness_bound
 from pipelines.train.ps_cluster import reachable
+from pipelines.train.ps_rounds import round_figures
 from pipelines.train.result import RunFigures
 
 
@@ -85,7 +87,8 @@ def worker_rows(tally: Tally, devices: list[str], batch: int, loop_s: float) -> 
 
 
 def worker_figures(tally: Tally, devices: list[str], batch: int, history: list[dict]) -> RunFigures:
-    """The run's figures with the workers as its ranks; no input waits (the chief feeds them)."""
+    """The run's figures with the workers as its ranks; no input waits (a worker's read of its rows,
+    a gather from a memory-mapped file, counts in its compute)."""
     loop_s = sum(h["seconds"] for h in history)
     steady = history[1:] or history
     ranks = worker_rows(tally, devices, batch, loop_s)
@@ -127,6 +130,9 @@ def parameter_server_section(chief: Any) -> dict[str, Any]:
         "parameter_servers": len(chief.cluster.get("ps", [])),
         "momentum": chief.momentum if t.optimizer == "sgd" else None,
         "update_batch": chief.batch,
+        "rows_store": {"path": str(chief.rows.folder), **chief.rows_figures},  # the rows the workers read
+        "round_rows": chief.round_rows or None,  # sync: a round's rows (B); its chunks (ps_rounds)
+        **round_figures(chief.rounds),
         "parameter_version": int(chief.server.version.numpy()),
         "workers": [
             {
@@ -142,6 +148,7 @@ def parameter_server_section(chief: Any) -> dict[str, Any]:
                 "max_clock_gap": tally.clock_gap_max[w],
                 "clock_wait_s": round(tally.clock_wait_s[w], 3),
                 "deferred": tally.deferred[w],
+                **(chief.rounds.shares(w) if chief.rounds else {}),  # sync only
             }
             for w in range(chief.workers)
         ],

@@ -1,29 +1,40 @@
 """Run as a program by test_parameter_server.py: an in-process localhost cluster (one worker, two
 parameter servers, this process the chief) builds the job's update for a sharded model, runs one,
 and prints one JSON line with where the traced graph puts each op that touches a variable or an
-optimizer slot, and what the update did to the weights.  A separate process, because TensorFlow's
+optimizer slot, and what the update did to the weights.  With ``sync_round``: two workers add a
+round's chunks, the chief triggers the round's apply, and the JSON line lists where TensorFlow
+placed each of the apply's ops (its placement log) and what the round did to the weights.  A separate process, because TensorFlow's
 in-process servers cannot be stopped."""
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import sys
+from pathlib import Path
 
 from pipelines.launch.local import free_ports
 
+# Every task's server runs in this process and shares its inter-op threads: with one per core on a
+# two-core machine, two workers' updates waiting on their receives take them all, and hang.
+os.environ.setdefault("TF_NUM_INTEROP_THREADS", "8")
 
-def main(optimizer: str) -> dict:
-    import numpy as np
-    import tensorflow as tf
+
+def cluster_of(tf, optimizer: str, mode: str, x, y, workers: int = 1):
+    """The in-process cluster (``workers`` workers, two servers), the coordinator, a sharded model,
+    its server and update in ``mode`` over the rows ``x``, ``y`` (written as the workers' row store
+    in a temporary folder); the servers are returned to keep them alive."""
+    import tempfile
 
     from pipelines.train.combiners import plain
     from pipelines.train.ps_cluster import strategy
-    from pipelines.train.ps_server import Server, build_update, parse_record
+    from pipelines.train.ps_rows import prepare
+    from pipelines.train.ps_server import Server, build_update
 
-    p = free_ports(4)
-    cluster = {"chief": [f"127.0.0.1:{p[0]}"], "worker": [f"127.0.0.1:{p[1]}"],
-               "ps": [f"127.0.0.1:{p[2]}", f"127.0.0.1:{p[3]}"]}
+    p = free_ports(3 + workers)
+    cluster = {"chief": [f"127.0.0.1:{p[0]}"], "worker": [f"127.0.0.1:{x}" for x in p[1 : 1 + workers]],
+               "ps": [f"127.0.0.1:{x}" for x in p[1 + workers :]]}
     spec = tf.train.ClusterSpec(cluster)
     servers = [tf.distribute.Server(spec, job_name=job, task_index=i, protocol="grpc", start=True)
                for job in ("worker", "ps") for i in range(len(cluster[job]))]
@@ -33,13 +44,44 @@ def main(optimizer: str) -> dict:
     tf.keras.utils.set_random_seed(0)
     with st.scope():
         model = tf.keras.Sequential([tf.keras.Input((6,)), tf.keras.layers.Dense(8), tf.keras.layers.Dense(3)])
-    server = Server(st, model, optimizer)
+    server = Server(st, model, optimizer, workers=workers)
     combine = plain(server, {})
-    update = build_update(server, model, combine, "async", 4, 0.0, 1.0)
+    store, _ = prepare(Path(tempfile.mkdtemp()) / "rows", x, y, x.shape[1:], "probe")
+    update = build_update(server, model, combine, mode, 4, 0.0, 1.0, store)
+    return servers, coordinator, model, server, combine, update
+
+
+def whole(model) -> list:
+    """Each layer's kernel and bias, its shards put together."""
+    import numpy as np
+
+    return [np.concatenate([s.numpy() for s in getattr(w, "variables", [w])])
+            for layer in model.layers for w in (layer.kernel, layer.bias)]
+
+
+def gradient(weights, x, y) -> list:
+    """The mean loss's gradient on these rows, computed here on a local copy of the weights."""
+    import tensorflow as tf
+
+    local = tf.keras.Sequential([tf.keras.Input((6,)), tf.keras.layers.Dense(8), tf.keras.layers.Dense(3)])
+    local.set_weights(weights)
+    with tf.GradientTape() as tape:
+        loss = tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True)(y, local(x, training=True))
+    return [g.numpy() for g in tape.gradient(loss, local.trainable_variables)]
+
+
+def main(optimizer: str) -> dict:
+    import numpy as np
+    import tensorflow as tf
+
+    from pipelines.train.ps_server import parse_record
+
     x = np.random.default_rng(0).normal(size=(5, 6)).astype("float32")
     y = np.array([0, 1, 2, 1, 0], "int32")
+    servers, coordinator, model, server, _, update = cluster_of(tf, optimizer, "async", x, y)
     lr = 0.1
-    graph = update.get_concrete_function(tf.constant(x), tf.constant(y), tf.constant(lr)).graph
+    rows = tf.constant(np.arange(5), tf.int64)
+    graph = update.get_concrete_function(rows, tf.constant(lr)).graph
     handles = {}  # the graph's placeholder for each captured handle -> (kind, the variable's device)
     slots = [s for group in server.slots.values() for s in group]
     for kind, variables in (("variable", server.variables), ("slot", slots)):
@@ -53,20 +95,11 @@ def main(optimizer: str) -> dict:
             if t.name in handles:
                 kind, device = handles[t.name]
                 touching.append({"op": op.type, "op_device": op.device, "kind": kind, "variable_device": device})
-    def whole():  # each layer's kernel and bias, its shards put together
-        return [np.concatenate([s.numpy() for s in getattr(w, "variables", [w])])
-                for layer in model.layers for w in (layer.kernel, layer.bias)]
-
-    before = whole()
-    # the gradient the update should push, computed here on the same weights
-    local = tf.keras.Sequential([tf.keras.Input((6,)), tf.keras.layers.Dense(8), tf.keras.layers.Dense(3)])
-    local.set_weights(before)
-    with tf.GradientTape() as tape:
-        loss = tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True)(y, local(x, training=True))
-    grads = [g.numpy() for g in tape.gradient(loss, local.trainable_variables)]
-    record = coordinator.schedule(update, args=(tf.constant(x), tf.constant(y), tf.constant(lr)))
+    before = whole(model)
+    grads = gradient(before, x, y)  # the gradient the update should push
+    record = coordinator.schedule(update, args=(rows, tf.constant(lr)))
     r = parse_record(record.fetch())
-    after = np.concatenate([w.ravel() for w in whole()])
+    after = np.concatenate([w.ravel() for w in whole(model)])
     flat_before = np.concatenate([w.ravel() for w in before])
     # the first step from zero slots: SGD with momentum moves by lr * g; Adam by about lr * sign(g)
     expected = np.concatenate([(w - lr * g).ravel() for w, g in zip(before, grads, strict=True)])
@@ -78,8 +111,61 @@ def main(optimizer: str) -> dict:
             "moved": float(np.abs(after - flat_before).max()), "max_error": float(np.abs(after - expected).max())}
 
 
+PLACED = re.compile(r"placer\.cc:\d+\] (\S+): \((\w+)\): (\S+)$")
+
+
+def sync_round() -> dict:
+    """A sync round of 10 rows in three chunks over two workers, then its apply, with TensorFlow
+    logging where it places every op: the apply's placements (the log between two marks), the
+    servers' devices, and how far the weights are from one SGD step on the mean gradient of the
+    10 rows."""
+    import tempfile
+
+    out = os.dup(1)
+    log = tempfile.TemporaryFile()  # TensorFlow's placement log: the C++ log (fd 2) and printf (fd 1)
+    os.dup2(log.fileno(), 1)
+    os.dup2(log.fileno(), 2)
+    import numpy as np
+    import tensorflow as tf
+
+    tf.debugging.set_log_device_placement(True)  # before the context connects to the cluster
+    x = np.random.default_rng(1).normal(size=(10, 6)).astype("float32")
+    y = np.array([0, 1, 2, 1, 0, 2, 2, 1, 0, 1], "int32")
+    servers, coordinator, model, server, combine, update = cluster_of(tf, "sgd", "sync", x, y, workers=2)
+    apply_round = tf.function(lambda lr: server.apply_round(combine, lr))
+    lr = 0.1
+    before = whole(model)
+    grads = gradient(before, x, y)
+    os.write(2, b"\nUPDATES BEGIN\n")
+    pending = [coordinator.schedule(update, args=(tf.constant(c, tf.int64), tf.constant(lr)))
+               for c in np.array_split(np.arange(10), 3)]
+    for p in pending:
+        p.fetch()
+    os.write(2, b"\nUPDATES END\n")
+    os.write(2, b"\nROUND BEGINS\n")
+    version = int(apply_round(tf.constant(lr, tf.float32)))
+    os.write(2, b"\nROUND ENDS\n")
+    after = np.concatenate([w.ravel() for w in whole(model)])
+    expected = np.concatenate([(w - lr * g).ravel() for w, g in zip(before, grads, strict=True)])
+    log.seek(0)
+    text = log.read().decode(errors="replace")
+
+    def placed_between(begin: str, end: str) -> list:
+        inside = text[text.index(begin):text.index(end)]
+        return [m.groups() for m in map(PLACED.search, inside.splitlines()) if m]
+
+    placed, update_placed = placed_between("ROUND BEGINS", "ROUND ENDS"), placed_between("UPDATES BEGIN", "UPDATES END")
+    del servers
+    os.dup2(out, 1)
+    return {"placed": placed, "update_placed": update_placed, "variable_devices": sorted({v.device for v in server.variables}),
+            "shards": len(server.variables), "version": version,
+            "moved": float(np.abs(after - np.concatenate([w.ravel() for w in before])).max()),
+            "max_error": float(np.abs(after - expected).max())}
+
+
 if __name__ == "__main__":
-    out = main(sys.argv[1] if len(sys.argv) > 1 else "sgd")
+    which = sys.argv[1] if len(sys.argv) > 1 else "sgd"
+    out = sync_round() if which == "sync_round" else main(which)
     print(json.dumps(out), flush=True)
     sys.stdout.flush()
     os._exit(0)  # the in-process servers and the coordinator's threads would keep the process alive

@@ -136,16 +136,36 @@ def test_drop_stale_drops_stale_updates_without_training_their_rows_again(tmp_pa
     assert ps["staleness_histogram"] == [len(applied)]
 
 
-def test_sync_rounds_over_two_sharded_parameter_servers(tmp_path):
-    run = ps_run(tmp_path, epochs=2, update_mode="sync", parameter_servers=2, combiner="plain")
+BIG_MLP = {"name": "tiny_mlp", "kwargs": {"hidden": [1024, 1024]}}  # compute dominates a chunk's calls
+
+
+def test_sync_rounds_over_two_sharded_parameter_servers_follow_each_workers_speed(tmp_path):
+    """A round is B rows cut into chunks (pipelines.train.ps_rounds), taken by whichever worker is
+    free: cut finer, the quota-limited worker trains a smaller share and the round is faster; every
+    row once an epoch, every round B rows, one parameter change per round."""
+    run = ps_run(tmp_path, rows=3500, epochs=1, update_mode="sync", parameter_servers=2, combiner="plain",
+                 model=BIG_MLP, global_batch=512)
     result, _ = start(run, num_ps=2)
     assert result.returncode == 0, result.message
     s = summary(run)
+    ps = s["parameter_server"]
     log = updates(run)
     assert {u["staleness"] for u in log} == {0}  # a round's updates all read the same parameters
-    assert s["parameter_server"]["parameter_version"] == s["steps"] == 2 * (1200 // 64 + (1200 % 64 > 0))
-    assert s["parameter_server"]["parameter_servers"] == 2
-    assert s["history"][-1]["loss"] < s["history"][0]["loss"]
+    assert ps["parameter_version"] == s["steps"] == ps["rounds"] == 7 and ps["parameter_servers"] == 2
+    per_round: dict[int, list[dict]] = {}
+    for u in log:
+        per_round.setdefault(u["round"], []).append(u)
+    assert [sum(c["samples"] for c in per_round[r]) for r in range(7)] == [512] * 6 + [3500 - 6 * 512]
+    # the cuts are timed in order: one chunk per worker (the first round traces), then two
+    assert [len(per_round[r]) for r in range(5)] == [2, 2, 2, 4, 4] and ps["round_rows"] == 512
+    fast, slow = ps["workers"]
+    assert fast["round_share"] + slow["round_share"] == pytest.approx(1.0, abs=1e-3)
+    assert fast["samples"] + slow["samples"] == 3500
+    if result.quota_enforced:  # the slow worker is slow only under a real quota
+        finer = [sum(c["samples"] for c in per_round[r] if c["worker"] == 0) for r in (3, 4)]
+        assert fast["rows_per_s"] > 2 * slow["rows_per_s"] and finer == [384, 384], (finer, json.dumps(ps))
+        cuts = ps["round_cut_s_per_row"]
+        assert cuts["2"] < cuts["1"] and ps["round_cut"] >= 2, json.dumps(ps)  # the finer cut paid
 
 
 @pytest.mark.parametrize("mode", ["async", "bounded"])
@@ -168,35 +188,36 @@ def test_a_killed_worker_is_survived(tmp_path, mode):
         assert "worker 1 (127.0.0.1:" in out and "no longer wait for its clock" in out
 
 
-def test_a_restarted_chief_resumes_from_its_checkpoint(tmp_path):
-    run = ps_run(tmp_path, epochs=4, update_mode="async")
-    first, _ = start(run, on_start=after_first_checkpoint(run, lambda t: t["chief:0"].kill()))
-    assert first.returncode != 0 and first.failed_rank == "chief:0"
-    assert not (run / "train" / "result.json").exists()
-    before = updates(run)
-    result, _ = start(run)
-    assert result.returncode == 0, result.message
-    s = summary(run)
-    assert s["resumed_from_step"] >= 10
-    log = updates(run)
-    assert log[: len(before)] == before  # the log goes on
-    after = log[len(before) :]
-    assert min(u["version"] for u in after) > s["resumed_from_step"]  # the step count continues
-    assert s["steps"] == 4 * -(-1200 // 32)  # every update of the 4 epochs, before and after the restart
-
-
-def test_a_killed_parameter_server_fails_the_task_with_its_name(tmp_path):
-    run = ps_run(tmp_path, epochs=8, update_mode="async")
+def test_a_killed_parameter_server_fails_the_task_with_its_name_and_the_retry_resumes(tmp_path):
+    """The retry (as a restarted chief's) restores the checkpoint into fresh servers, goes on with
+    the step count and the update log, and reads the rows the first try wrote."""
+    run = ps_run(tmp_path, epochs=3, update_mode="async")
     result, out = start(run, on_start=after_first_checkpoint(run, lambda t: t["ps:0"].kill()))
     assert result.returncode == 3
     assert "parameter server" in result.message and "ps:0" in result.message
     assert "retry resumes from the last checkpoint" in result.message
     assert not (run / "train" / "result.json").exists()
+    assert (run / "train" / "rows" / "rows.json").is_file()  # kept for the retry
+    before = updates(run)
+    retry, _ = start(run)
+    assert retry.returncode == 0, retry.message
+    s = summary(run)
+    assert s["resumed_from_step"] >= 10
+    log = updates(run)
+    assert log[: len(before)] == before  # the log goes on
+    assert min(u["version"] for u in log[len(before) :]) > s["resumed_from_step"]  # the step count continues
+    assert s["steps"] == 3 * -(-1200 // 32)  # every update of the 3 epochs, before and after the restart
+    assert s["parameter_server"]["rows_store"]["rows_store_written"] is False  # the first try's copy
+    assert s["parameter_server"]["rows_store"]["rows_store_bytes"] == 1200 * (4 * 784 + 4)
+    assert not (run / "train" / "rows").exists()  # trained: the copy is gone
 
 
-def test_one_worker_trains_exactly_as_one_horovod_rank(tmp_path):
-    """The same rows in the same order, the same rate and optimizer: a job of one worker ends with
-    the weights of a one-rank Horovod run (the servers' SGD with momentum is Keras')."""
+@pytest.mark.parametrize(("mode", "workers", "atol"), [("async", 1, 1e-6), ("sync", 2, 1e-5)])
+def test_one_worker_and_sync_rounds_train_exactly_as_one_horovod_rank(tmp_path, mode, workers, atol):
+    """The same rows in the same order, the same rate and optimizer: a job of one worker, or a sync
+    job of two whose rounds are cut into chunks, ends with the weights of a one-rank Horovod run
+    (the servers' SGD with momentum is Keras'; a round's row-weighted mean over its chunks is the
+    batch's mean gradient, up to the order of the float sums)."""
     import numpy as np
     from conftest import launch_ranks
 
@@ -204,9 +225,9 @@ def test_one_worker_trains_exactly_as_one_horovod_rank(tmp_path):
 
     training = {"epochs": 1, "lr_schedule": "constant", "warmup_epochs": 0, "global_batch": 64, "learning_rate": 0.05}
     hvd = write_run(tmp_path / "hvd", rows=640, model={"name": "tiny_mlp"}, **training)
-    ps = ps_run(tmp_path, "ps", rows=640, update_mode="async", **training)
+    ps = ps_run(tmp_path, "ps", rows=640, update_mode=mode, **training)
     assert launch_ranks(hvd, [Profile()], extra_args=["--no-balance"]).returncode == 0
-    result, _ = start(ps, workers=(Profile(),))
+    result, _ = start(ps, workers=(Profile(),) * workers)
     assert result.returncode == 0, result.message
     weights = []
     for run in (hvd, ps):
@@ -215,12 +236,16 @@ def test_one_worker_trains_exactly_as_one_horovod_rank(tmp_path):
         weights.append(model.get_weights())
     assert summary(ps)["steps"] == summary(hvd)["steps"] == 10
     for a, b in zip(*weights, strict=True):
-        np.testing.assert_allclose(a, b, atol=1e-6)
+        np.testing.assert_allclose(a, b, atol=atol)
+    if mode == "sync":  # both workers took chunks of every round, the finer cuts timed too
+        log = updates(ps)
+        assert all({u["worker"] for u in log if u["round"] == r} == {0, 1} for r in range(10))
+        assert len(log) > 10 * 2 and summary(ps)["parameter_server"]["round_cut_s_per_row"]["2"] > 0
 
 
-def placement(optimizer: str) -> dict:
+def placement(which: str) -> dict:
     probe = Path(__file__).with_name("ps_placement_probe.py")
-    proc = subprocess.run([sys.executable, str(probe), optimizer], capture_output=True, text=True, timeout=180,
+    proc = subprocess.run([sys.executable, str(probe), which], capture_output=True, text=True, timeout=180,
                           cwd=str(Path(__file__).resolve().parents[3]))
     assert proc.returncode == 0, proc.stderr[-3000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])
@@ -247,6 +272,29 @@ def test_the_optimizer_step_runs_on_the_server_that_holds_each_shard(optimizer):
     assert out["record"]["version"] == 1 and out["record"]["staleness"] == 0
     assert out["moved"] > 1e-3
     assert out["max_error"] < (1e-6 if optimizer == "sgd" else 2e-3), out["max_error"]  # Adam: its epsilon
+
+
+def test_a_sync_rounds_mean_and_apply_run_on_the_servers_and_workers_read_their_rows():
+    """TensorFlow's own placement log of a sync round (a model sharded over two servers, two
+    workers' chunks in the round's sum, then the apply): each worker maps the rows' files and
+    gathers its rows itself, the chief only receiving each update's record; each shard's mean and
+    its fused apply run on the server that holds it, the chief holding only the rate it sends and
+    control-flow plumbing; the weights move by one SGD step on the mean gradient of the rows."""
+    out = placement("sync_round")
+    reads = [device for _, kind, device in out["update_placed"] if kind == "ImmutableConst"]
+    assert reads and all("/job:worker/" in d for d in reads) and len({*reads}) == 2, reads
+    assert {kind for _, kind, d in out["update_placed"] if "/job:chief/" in d} <= {"Identity", "_Retval"}
+    servers = set(out["variable_devices"])
+    placed = out["placed"]
+    assert placed and all(device in servers or "/job:chief/" in device for _, _, device in placed)
+    for op in ("RealDiv", "ResourceApplyMomentum"):  # the mean and the apply: each shard's on its server
+        on = [device for _, kind, device in placed if kind == op]
+        assert on and set(on) == servers and all(on.count(d) == len(on) / 2 for d in servers), (op, on)
+    chief = [(name, kind) for name, kind, device in placed if "/job:chief/" in device]
+    assert {kind for _, kind in chief} <= {"_Arg", "Switch", "Identity", "NoOp"}, chief
+    assert [name for name, kind in chief if kind == "_Arg"] == ["lr"]  # the only input the chief holds
+    assert out["version"] == 1 and out["moved"] > 1e-3
+    assert out["max_error"] < 1e-6, out["max_error"]
 
 
 def test_dc_asgd_trains_with_its_updates_compensated_under_the_lock(tmp_path):

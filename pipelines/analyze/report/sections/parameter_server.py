@@ -1,6 +1,6 @@
 """The "Parameter server" section of a parameter-server run: where each step ran, what the servers
 did (update mode, combiner, updates applied and dropped), the workers' clocks and their waits for
-them, the staleness of the applied updates against its bound, each worker's updates and the
+them, the sync rounds' cuts and shares, the staleness of the applied updates against its bound, each worker's updates and the
 timeline of updates from ``updates.jsonl``."""
 
 from __future__ import annotations
@@ -20,14 +20,16 @@ _MODES = {
     "bounded": ("stale-synchronous: a worker more than {bound} clock(s) (its updates applied) ahead of the "
                 "slowest live worker waits before it computes, so no update is applied more than {tau} "
                 "versions stale; none is refused"),
-    "sync": "each round takes one update from every worker and applies their average once",
+    "sync": ("each round of B rows is cut into chunks that the workers take as they are free, so a faster "
+             "worker trains a larger share, and the round's mean gradient is applied once, on the servers"),
 }
 
 
-WHERE = ("<p>Where each step ran: the <b>workers</b> wait for their clock (bounded mode), pull the "
-         "parameters and run the forward and backward pass; the <b>parameter servers</b> run the optimizer "
-         "step for the variables they hold and keep the version counter and the workers' clocks; the "
-         "<b>chief</b> schedules the batches, writes the checkpoints and the logs.</p>")
+WHERE = ("<p>Where each step ran: the <b>workers</b> wait for their clock (bounded mode), read their rows, "
+         "pull the parameters and run the forward and backward pass; the <b>parameter servers</b> run the "
+         "optimizer step for the variables they hold (in sync mode also a round's sum and mean) and keep the "
+         "version counter and the workers' clocks; the <b>chief</b> schedules the batches (as row indices), "
+         "writes the checkpoints and the logs.</p>")
 
 
 def _ps_overview(train: dict, block: dict) -> str:
@@ -42,8 +44,26 @@ def _ps_overview(train: dict, block: dict) -> str:
         f"{num(block.get('parameter_servers'))} parameter server(s). The servers received "
         f"{num(train.get('updates'))} updates from {len(workers)} worker(s): {num(applied)} applied, "
         f"{num(block.get('dropped_updates'))} dropped. The stalest applied update was computed on parameters "
-        f"{num(block.get('max_staleness_seen'))} version(s) old.</p>" + _ps_clocks(block) + WHERE
+        f"{num(block.get('max_staleness_seen'))} version(s) old.</p>" + _ps_clocks(block) + _ps_rounds(block) + WHERE
     )
+
+
+def _ps_rounds(block: dict) -> str:
+    """Sync mode: the rounds, how they were cut (each cut's measured time per row) and each
+    worker's share of them."""
+    if not block.get("rounds"):
+        return ""
+    cuts = ", ".join(f"{esc(k)} chunk(s) per worker: {num(1000 * v)} ms" for k, v in
+                     (block.get("round_cut_s_per_row") or {}).items())
+    timed = f" Time per row by cut: {cuts}." if cuts else ""
+    shares = ", ".join(f"worker {esc(w['worker'])} ({esc(w.get('device', ''))}): {pct(w['round_share'])} "
+                       f"({pct(w.get('round_share_min'))} to {pct(w.get('round_share_max'))})"
+                       for w in sorted(block.get("workers") or [], key=lambda w: w["worker"])
+                       if w.get("round_share") is not None)
+    return (f"<p>{num(block['rounds'])} round(s) of {num(block.get('round_rows'))} rows, "
+            f"{num(block.get('round_chunks_mean'))} chunks each on average; the last cut "
+            f"{num(block.get('round_cut'))} chunk(s) per worker.{timed} Each worker's share of a round's rows "
+            f"(mean, smallest to largest): {shares}.</p>")
 
 
 def _ps_clocks(block: dict) -> str:

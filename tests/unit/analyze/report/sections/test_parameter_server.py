@@ -57,6 +57,22 @@ def test_bounded_mode_shows_the_clocks_the_waits_and_the_staleness_bound(monkeyp
     assert line.get_xdata()[0] == 4.5 and line.get_label() == "dropped above: 4"
 
 
+def test_sync_mode_shows_the_rounds_cuts_and_each_workers_share():
+    train = ps_train(RunDir("/nowhere"), mode="sync")
+    block = train["parameter_server"]
+    block.update(rounds=20, round_rows=192, round_chunks_mean=7.5, round_cut=2,
+                 round_cut_s_per_row={"1": 0.0004, "2": 0.0002, "4": 0.00035})
+    block["workers"] = [{**w, "round_share": share, "round_share_min": share - 0.05, "round_share_max": share + 0.05}
+                        for w, share in zip(block["workers"], (0.6, 0.1, 0.3), strict=True)]
+    ps = section(build_report(ReportInputs(train=train, scalars={}, metrics={})), "parameter-server")
+    assert "Update mode <b>sync</b>: each round of B rows is cut into chunks" in ps
+    assert "20 round(s) of 192 rows, 7.5 chunks each on average; the last cut 2 chunk(s) per worker." in ps
+    assert "1 chunk(s) per worker: 0.4 ms, 2 chunk(s) per worker: 0.2 ms" in ps
+    assert "worker 0 (fast): 60.0% (55.0% to 65.0%), worker 1 (slow): 10.0%" in ps
+    assert "round(s) of" not in section(build_report(ReportInputs(train=ps_train(RunDir("/nowhere"), mode="async"),
+                                                                  scalars={}, metrics={})), "parameter-server")
+
+
 def test_a_long_staleness_histogram_groups_its_stalest_rows():
     rows = staleness_rows([1] * 40)
     assert len(rows) == STALENESS_ROWS and rows[-1][:2] == (f"{STALENESS_ROWS - 1} to 39", 40 - STALENESS_ROWS + 1)
