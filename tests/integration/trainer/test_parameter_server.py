@@ -139,6 +139,7 @@ def test_drop_stale_drops_stale_updates_without_training_their_rows_again(tmp_pa
 BIG_MLP = {"name": "tiny_mlp", "kwargs": {"hidden": [1024, 1024]}}  # compute dominates a chunk's calls
 
 
+@pytest.mark.timing  # which cut is fastest, and the slow worker's share, are measured speeds
 def test_sync_rounds_over_two_sharded_parameter_servers_follow_each_workers_speed(tmp_path):
     """A round is B rows cut into chunks (pipelines.train.ps_rounds), taken by whichever worker is
     free: cut finer, the quota-limited worker trains a smaller share and the round is faster; every
