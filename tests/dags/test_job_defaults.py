@@ -64,6 +64,7 @@ def parse(dag_file: str, env_file: Path | None = None) -> dict:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
+@pytest.mark.timing  # parsing under 0.2 s is a measured time: alone, not beside the other suites
 def test_the_trigger_form_shows_the_merged_defaults_and_parsing_stays_light(defaults_file):
     report = parse("train_pipeline.py", defaults_file)
     assert report["errors"] == {}
