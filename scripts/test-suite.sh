@@ -23,12 +23,13 @@ DEFAULT_TRAINER_TESTS="tests/unit tests/integration/trainer tests/bench"
 TRAINER_TESTS=${TRAINER_TESTS:-$DEFAULT_TRAINER_TESTS}
 DEFAULT_AIRFLOW_TESTS="tests/dags tests/k8s tests/cluster tests/integration/airflow"
 AIRFLOW_TESTS=${AIRFLOW_TESTS:-$DEFAULT_AIRFLOW_TESTS}
-PYTEST_OPTS=${PYTEST_OPTS:--q -p no:cacheprovider --durations=15}
+PYTEST_OPTS=${PYTEST_OPTS:--q -p no:cacheprovider --durations=15 -rfE}
 export AIRFLOW_HOME=${AIRFLOW_HOME:-$PWD/.airflow}
 export AIRFLOW__CORE__DAGS_FOLDER=$PWD/dags AIRFLOW__CORE__PLUGINS_FOLDER=$PWD/plugins
 export AIRFLOW__CORE__LOAD_EXAMPLES=False HETERO_TRAINER_PYTHON=$PWD/.venv-trainer/bin/python
 
 parts=() secs=() codes=()
+logs=$(mktemp -d)  # each pytest run's output, to repeat its FAILED/ERROR lines at the end
 run_part() {  # run_part NAME COMMAND...
   local name=$1 start=$SECONDS code
   shift
@@ -42,8 +43,8 @@ pytest_in() {  # pytest_in VENV MARK TESTS...: exit 5 (nothing collected) counts
   local venv=$1 mark=$2 code
   shift 2
   # shellcheck disable=SC2086  # PYTEST_OPTS is a list of options
-  PYTHONUNBUFFERED=1 "$venv/bin/python" -m pytest $PYTEST_OPTS -m "$mark" "$@"
-  code=$?
+  PYTHONUNBUFFERED=1 "$venv/bin/python" -m pytest $PYTEST_OPTS -m "$mark" "$@" 2>&1 | tee "$logs/${PART:-$mark}"
+  code=${PIPESTATUS[0]}
   [[ $code == 5 ]] && code=0
   return "$code"
 }
@@ -57,7 +58,7 @@ side() {  # side NAME VENV TESTS...: one suite of phase 1, its lines prefixed, i
   local name=$1 venv=$2 start code
   shift 2
   start=$(date +%s)
-  pytest_in "$venv" "not timing" "$@" 2>&1 | sed -u "s/^/[$name] /"
+  PART=$name pytest_in "$venv" "not timing" "$@" 2>&1 | sed -u "s/^/[$name] /"
   code=${PIPESTATUS[0]}
   echo "$(($(date +%s) - start)) $code" > "$ends/$name"
 }
@@ -93,9 +94,9 @@ done
 rm -rf "$ends"
 
 # shellcheck disable=SC2086
-run_part "timing tests, trainer (alone)" pytest_in .venv-trainer timing $TRAINER_TESTS
+PART=timing-trainer run_part "timing tests, trainer (alone)" pytest_in .venv-trainer timing $TRAINER_TESTS
 # shellcheck disable=SC2086
-run_part "timing tests, Airflow (alone)" pytest_in .venv timing $AIRFLOW_TESTS
+PART=timing-airflow run_part "timing tests, Airflow (alone)" pytest_in .venv timing $AIRFLOW_TESTS
 
 total=0 status=0
 echo
@@ -107,4 +108,11 @@ for i in "${!parts[@]}"; do
   printf '  %-32s %4dm%02ds  %s\n' "${parts[$i]}" $((secs[i] / 60)) $((secs[i] % 60)) "$result"
 done
 printf '  %-32s %4dm%02ds\n' "total (wall)" $((SECONDS / 60)) $((SECONDS % 60))
+failed=$(grep -E '^(FAILED|ERROR) ' "$logs"/* 2>/dev/null | sed "s|^$logs/||" | cut -c1-300)
+if [[ -n $failed ]]; then  # CI keeps only the log's tail: name what failed there
+  echo
+  echo "make test: the failing tests (the reasons are above)"
+  echo "$failed"
+fi
+rm -rf "$logs"
 exit "$status"
