@@ -10,8 +10,10 @@ coordinator hands it to whichever worker is free, so a faster worker does more u
 At most two updates per worker are in flight.  A deferred update (``bounded``: it gave up waiting
 for an idle worker and computed nothing) has its rows scheduled again; a dropped one (a combiner
 that drops, ``drop_stale``) does not.  In ``bounded`` mode a thread probes the workers and takes a
-lost one out of the clocks' minimum.  In ``sync`` mode a round is B rows: the chief cuts them into
-chunks (as finely as the fastest cut measured: ``pipelines.train.ps_rounds``) and schedules them
+lost one out of the clocks' minimum, and puts it back when it answers again (or an update of it
+arrives); a resumed run sets every clock to the largest saved one (``Clocks.rebase``).  In
+``sync`` mode a round is B rows: the chief cuts them into chunks (as finely as the fastest cut
+measured: ``pipelines.train.ps_rounds``) and schedules them
 all; each worker takes the next chunk whenever it is free, so its share of the round follows its speed,
 and adds its chunk's summed gradient to the round's sum on the servers; once every chunk is in,
 the chief triggers the round's apply, which runs on the servers (``Server.apply_round``): exact
@@ -38,6 +40,7 @@ from pipelines.train.ps_clock import TIMEOUT_MARK, ClockWaitTimeout
 from pipelines.train.ps_cluster import (
     LostWorkerWatch,
     ParameterServerLost,
+    reachable,
     strategy,
     task_of,
     unreachable_servers,
@@ -89,7 +92,7 @@ class Chief(TrainingRun):
         with self.strategy.scope():
             self.model = build_model(job.spec.model.name, job.shape, job.spec.dataset.num_classes, job.spec.model.kwargs)
         self.momentum = server_momentum(t, self.workers)
-        self.server = server = Server(self.strategy, self.model, t.optimizer, self.momentum, self.workers)
+        self.server = server = Server(self.strategy, self.model, t.optimizer, self.momentum, workers=self.workers)
         try:
             self.combine = make_combiner(server, t, self.workers)
         except ValueError as e:
@@ -111,6 +114,7 @@ class Chief(TrainingRun):
         self.started = self.window_t0 = time.perf_counter()
         self.transients = 0  # updates that failed on the way and were scheduled again
         self.transient_errors = (tf.errors.UnavailableError, tf.errors.CancelledError, tf.errors.AbortedError)
+        self.watcher: LostWorkerWatch | None = None  # bounded mode's watch for lost workers (watch())
 
     # ------------------------------------------------------------------------------ the loop
 
@@ -200,6 +204,7 @@ class Chief(TrainingRun):
             self.transient(e)
             flight.append(self.schedule(pending.rows))
             return
+        self.heard_from(r["worker"])
         if r["deferred"]:
             log.debug("worker %d deferred an update after %.2f s: the workers it waited for were idle",
                       r["worker"], r["clock_wait_s"])
@@ -209,19 +214,38 @@ class Chief(TrainingRun):
         self.record(r)
 
     def watch(self):
-        """In ``bounded`` mode, the thread that takes a lost worker out of the clocks' minimum."""
+        """In ``bounded`` mode, the thread that takes a lost worker out of the clocks' minimum and
+        puts it back when it answers again (:attr:`watcher`)."""
         if self.mode != "bounded" or self.workers < 2:
             return contextlib.nullcontext()
+        self.watcher = LostWorkerWatch(self.cluster.get("worker", []), self.worker_lost, self.worker_back)
+        return self.watcher
 
-        def on_lost(worker: int) -> None:
-            try:
-                self.server.clocks.mark_lost(worker)
-                log.warning("worker %d (%s) does not answer: the others no longer wait for its clock", worker,
-                            self.cluster["worker"][worker])
-            except Exception as e:  # a server gone too: the main loop fails the task
-                log.warning("could not mark worker %d lost: %s", worker, e)
+    def worker_lost(self, worker: int) -> None:
+        """(The watch's thread.)  ``worker`` does not answer: the others stop waiting for its clock."""
+        try:
+            self.server.clocks.mark_lost(worker)
+            log.warning("worker %d (%s) does not answer: the others no longer wait for its clock", worker,
+                        self.cluster["worker"][worker])
+        except Exception as e:  # a server gone too: the main loop fails the task
+            log.warning("could not mark worker %d lost: %s", worker, e)
 
-        return LostWorkerWatch(self.cluster.get("worker", []), on_lost)
+    def worker_back(self, worker: int) -> None:
+        """(The watch's thread, or the loop's: :meth:`heard_from`.)  A lost worker answers again."""
+        try:
+            self.server.clocks.mark_live(worker)
+            log.warning("worker %d (%s) answers again: the others wait for its clock again (raised to the "
+                        "slowest live worker's)", worker, self.cluster["worker"][worker])
+        except Exception as e:  # a server gone too: the main loop fails the task
+            log.warning("could not mark worker %d live again: %s", worker, e)
+
+    def heard_from(self, worker: int) -> None:
+        """An update of ``worker`` came back.  One the watch had marked lost is live again, if its
+        address answers now: the update shows it was alive when it ran, but the chief may collect
+        it long after (it collects in the order it scheduled), from a worker that has died since."""
+        watch = self.watcher
+        if watch is not None and worker in watch.lost and reachable(self.cluster["worker"][worker], timeout=0.5):
+            watch.back(worker)
 
     def transient(self, error) -> None:
         """An update failed on the way (a worker lost while it ran, or cancelled with it): fine
@@ -230,12 +254,23 @@ class Chief(TrainingRun):
         self.transients += 1
         if self.transients > MAX_TRANSIENT or unreachable_servers(self.cluster):
             raise self.lost(error)
+        if self.mode == "bounded":
+            # The failed update's worker may have left its busy mark set, and a waiter for a worker
+            # marked busy never gives up (even while the chief drains): it would wait for the
+            # timeout and fail the task.  Neither the error nor the coordinator says which worker
+            # ran it, nor which workers run the updates still in flight, so every mark is cleared:
+            # a worker whose update is running re-marks itself at its next start, and until its
+            # tick a waiter for it may defer (its rows are scheduled again: a little work lost,
+            # no bound loosened) instead of waiting.  settle() clears them again once nothing runs.
+            self.server.clocks.clear_busy()
         log.warning("an update failed (%s: %s); its rows are scheduled again", type(error).__name__,
                     (str(error).splitlines() or [""])[0])
 
     def settle(self, flight: collections.deque) -> None:
         """Collect every update in flight, and the re-tries of deferred ones (in ``bounded`` mode
-        the servers are told: a wait for an idle worker then gives up at once)."""
+        the servers are told: a wait for an idle worker then gives up at once).  Then no update
+        runs, so in ``bounded`` mode every busy mark is cleared (one an update that failed on the
+        way left set would hold its waiters until the timeout: see :meth:`transient`)."""
         draining = self.mode == "bounded" and bool(flight)
         if draining:
             self.server.clocks.drain(True)
@@ -243,6 +278,8 @@ class Chief(TrainingRun):
             self.collect(flight.popleft(), flight)
         if draining:
             self.server.clocks.drain(False)
+        if self.mode == "bounded":
+            self.server.clocks.clear_busy()
 
     def sync_round(self, order, pos: int) -> int:
         """One round: the next B rows in chunks to whichever worker is free (so each worker's
@@ -333,14 +370,21 @@ class Chief(TrainingRun):
     # ------------------------------------------------------------------------------ state
 
     def resume(self) -> int | None:
-        """Restore the newest checkpoint into the servers' variables (TrainingRun.resume); when
-        there is none, a new update log and, with ``training.warm_start``, the promoted weights."""
+        """Restore the newest checkpoint into the servers' variables (TrainingRun.resume) and set
+        every worker's clock to the largest restored one (``Clocks.rebase``: a worker slow or lost
+        before the restart would otherwise hold the others back in ``bounded`` mode until it caught
+        up; the report's per-worker update counts come from the update records, not the clocks);
+        when there is none, a new update log and, with ``training.warm_start``, the promoted weights."""
         step = super().resume()
         if step is None:
             self.updates_file.unlink(missing_ok=True)  # training from the start: a new log
             self.warm_start()
         else:
             self.step = step
+            restored = self.server.clocks.values()
+            top = self.server.clocks.rebase()
+            if restored != [top] * len(restored):
+                log.info("clocks %s restored; every worker's set to %d: the bound applies from here", restored, top)
         return step
 
     def save(self, step: int) -> None:

@@ -3,9 +3,14 @@ parallel, SSP (Q. Ho, J. Cipar, H. Cui, J. K. Kim, S. Lee, P. B. Gibbons, G. A. 
 G. R. Ganger, E. P. Xing, "More Effective Distributed ML via a Stale Synchronous Parallel
 Parameter Server", NIPS 2013) (docs/ARCHITECTURE.md, "Parameter-server training").
 
-Worker w's **clock** c_w is the number of its updates combined so far; it lives on the first
-server beside the version counter, is ticked (one atomic ``scatter_add``) by the update itself
-once it is combined, and is saved in checkpoints (a resumed run goes on from the saved clocks).
+Worker w's **clock** c_w counts its updates combined so far (dropped ones included: a combiner's
+drop is a combine); it lives on the first server beside the version counter, is ticked (one atomic
+``scatter_add``) by the update itself once it is combined, and is saved in checkpoints.  A resumed
+run sets every clock to the largest saved one (:meth:`Clocks.rebase`): a worker that was slow or
+lost before the restart would otherwise hold every other back until it had made up the difference
+(and it may now be a new, slower pod); so the bound applies from the resume point, and clocks stay
+monotone.  After a resume a clock is therefore an SSP clock, not a count of its worker's updates
+(the chief counts those from the update records, ``pipelines.train.ps_summary.Tally``).
 In every mode an update reads the clocks when it begins and records them.  In ``bounded`` mode,
 with s = ``training.max_staleness``, an update **waits before it computes** while its worker is
 more than s clocks ahead of the slowest live worker::
@@ -34,7 +39,10 @@ the slowest live worker (the rule itself).  (2) No combined update is more than
   The bound is reached: a slow U while another worker goes from clock k − s to k + s.
 
 A worker marked lost (the chief, :meth:`Clocks.mark_lost`) leaves the minimum: its clock stopped,
-and a live worker would otherwise wait for it forever.
+and a live worker would otherwise wait for it forever.  One that answers again (a restarted
+process the coordinator reconnects to, or one marked lost on a hiccup) is marked live again
+(:meth:`Clocks.mark_live`), its clock first raised to the slowest live worker's, for the resume's
+reason: the others then wait for it from where they are, not for it to redo the time it was away.
 
 **Deferral.**  The chief hands each update to whichever worker is free, so a waiting worker may
 hold rows that only the worker it waits for could train: at the end of an epoch, or before a
@@ -42,9 +50,10 @@ checkpoint, nothing else is left for the slow one.  So the wait gives up once ev
 waits for has been idle (no update running, the ``busy`` marks) for :data:`IDLE_S` seconds, or at
 once while the chief drains (:meth:`Clocks.drain`: it schedules nothing until the updates in flight
 return): the update returns *deferred*, computes nothing, and the chief schedules its rows again
-(the next free worker takes them; no bound is loosened).  A worker that is alive but makes no
-progress for :data:`WAIT_TIMEOUT_S` seconds fails the update with a message naming it
-(:data:`TIMEOUT_MARK`; the chief turns it into :class:`ClockWaitTimeout`, exit 3).
+(the next free worker takes them; no bound is loosened).  A wait whose slowest live worker makes
+no progress (the minimum of the live clocks does not move) for :data:`WAIT_TIMEOUT_S` seconds fails
+the update with a message naming it (:data:`TIMEOUT_MARK`; the chief turns it into
+:class:`ClockWaitTimeout`, exit 3); a wait that is long but sees the minimum move goes on.
 
 **Cost** (measured on the 2-core test machine, localhost): about 1 to 1.5 ms more per update
 than ``async`` (a read of the clocks before computing, the marks written), once about 0.3 s of
@@ -61,13 +70,13 @@ from pipelines.errors import StageFailure
 POLL_S = 0.01  # seconds between two reads of the clocks while waiting
 BUSY, LIVE = 0, 1  # the rows of Clocks.marks
 IDLE_S = 0.25  # the workers waited for idle this long: the waiting update is deferred
-WAIT_TIMEOUT_S = 300.0  # a live worker making no progress this long fails the task
+WAIT_TIMEOUT_S = 300.0  # the slowest live worker making no progress this long fails the task
 TIMEOUT_MARK = "stale-synchronous wait timed out"
 
 
 class ClockWaitTimeout(StageFailure):
-    """A worker waited :data:`WAIT_TIMEOUT_S` for a live worker that made no progress (exit 3: a
-    retry may place it better)."""
+    """A worker waited for a live worker that made no progress for :data:`WAIT_TIMEOUT_S` (exit 3:
+    a retry may place it better)."""
 
 
 def staleness_bound(workers: int, max_staleness: int) -> int:
@@ -162,7 +171,9 @@ class Clocks:
     def wait(self, worker, bound: int) -> Wait:
         """Wait while ``worker`` is more than ``bound`` clocks ahead of the slowest live worker (see
         the module docstring); ``go`` False when it gave up because the awaited workers were idle.
-        Fails (``InvalidArgumentError`` with :data:`TIMEOUT_MARK`) after ``timeout_s``.  The first
+        Fails (``InvalidArgumentError`` with :data:`TIMEOUT_MARK`) once the minimum of the live
+        clocks has not moved for ``timeout_s`` (the loop carries it and when it last moved: a slow
+        worker that keeps ticking is waited for however long it takes).  The first
         read takes the clocks alone: within the bound against every worker, it is within it
         against the live ones, and the update goes on after one remote read; the sleeping loop is
         entered only when it is ahead of the live ones."""
@@ -172,26 +183,35 @@ class Clocks:
         first = self.look(worker)
         no = tf.constant(-1.0, tf.float64)
 
-        def waiting(clocks, gap, idle_since, now, patience, first_gap):
+        me = tf.cast(worker, tf.int32)
+
+        def floor(clocks, gap):  # the minimum of the live clocks (gap is the waiter's clock less it)
+            return tf.gather(clocks, me) - gap
+
+        def waiting(clocks, gap, idle_since, now, patience, first_gap, low, moved):
             gave_up = (idle_since >= 0) & (now - idle_since >= patience)
-            return (gap > bound) & tf.logical_not(gave_up) & (now - start < self.timeout_s)
+            return (gap > bound) & tf.logical_not(gave_up) & (now - moved < self.timeout_s)
 
         def loop(seen):
             # one sleeping element per poll: tf.data's sleep runs in the graph, on the worker
             naps = iter(_sleeps(tf, int(self.poll_s * 1e6)))
 
-            def body(clocks, gap, idle_since, now, patience, first_gap):
+            def body(clocks, gap, idle_since, now, patience, first_gap, low, moved):
                 with tf.control_dependencies([naps.get_next()]):
                     seen = self.look(worker, bound)
                     now = tf.timestamp()
                 idle_since = tf.where(seen.idle, tf.where(idle_since < 0, now, idle_since), no)
-                return seen.clocks, seen.gap, idle_since, now, seen.patience, first_gap
+                new_low = floor(seen.clocks, seen.gap)  # progress: the slowest live worker moved on
+                moved = tf.where(tf.not_equal(new_low, low), now, moved)
+                return seen.clocks, seen.gap, idle_since, now, seen.patience, first_gap, new_low, moved
 
             now = tf.timestamp()
-            arrived = (seen.clocks, seen.gap, tf.where(seen.idle, now, no), now, seen.patience, seen.gap)
-            clocks, gap, idle_since, now, patience, first_gap = tf.while_loop(waiting, body, arrived)
+            arrived = (seen.clocks, seen.gap, tf.where(seen.idle, now, no), now, seen.patience, seen.gap,
+                       floor(seen.clocks, seen.gap), now)
+            clocks, gap, idle_since, now, patience, first_gap, _, moved = tf.while_loop(waiting, body, arrived)
             gave_up = (idle_since >= 0) & (now - idle_since >= patience)
-            check = tf.debugging.Assert((gap <= bound) | gave_up, [self._stalled(worker, clocks, now - start, bound)])
+            stalled = self._stalled(worker, clocks, now - start, now - moved, bound)
+            check = tf.debugging.Assert((gap <= bound) | gave_up, [stalled])
             with tf.control_dependencies([check]):
                 return tf.identity(clocks), tf.identity(gap), first_gap
 
@@ -203,16 +223,17 @@ class Clocks:
         with tf.control_dependencies([gap]):
             return Wait(gap <= bound, clocks, gap, first_gap, tf.timestamp() - start)
 
-    def _stalled(self, worker, clocks, waited, bound: int):
-        """The timeout's message: the waiting worker and the slowest live one, their clocks."""
+    def _stalled(self, worker, clocks, waited, still, bound: int):
+        """The timeout's message: the waiting worker and the slowest live one, their clocks, the
+        whole wait and the time the slowest made no progress."""
         tf = _tf()
         live = tf.equal(self.marks.read_value()[LIVE], 1)
         slowest = tf.argmin(tf.where(live, clocks, tf.reduce_max(clocks) + 1))
         return tf.strings.format(
             TIMEOUT_MARK + ": worker {} waited {} s for worker {} (clock {} against its {}; max_staleness {}), "
-            "which is alive but combined no update in that time",
+            "which is alive but combined no update in the last {} s",
             (worker, tf.round(waited), slowest, tf.gather(clocks, tf.cast(worker, tf.int32)),
-             tf.gather(clocks, slowest), bound))
+             tf.gather(clocks, slowest), bound, tf.round(still)))
 
     def drain(self, on: bool) -> None:
         """(On the chief, eagerly.)  Say whether the chief is draining: waiting for the updates in
@@ -221,8 +242,41 @@ class Clocks:
         self.draining.assign(bool(on))
 
     def mark_lost(self, worker: int) -> None:
-        """(On the chief, eagerly.)  Take a lost worker out of the minimum for good."""
+        """(On the chief, eagerly.)  Take a lost worker out of the minimum (until :meth:`mark_live`)."""
         self._mark(LIVE, int(worker), 0)
+
+    def mark_live(self, worker: int) -> None:
+        """(On the chief, eagerly.)  A lost worker answers again: raise its clock to the slowest
+        other live worker's (never lower it: clocks stay monotone; the others' clocks only grow
+        after the read, so the raise is at most what is due), then put it back in the minimum, in
+        that order, so no waiter sees it live with the clock it stopped at.  Its busy mark is
+        cleared too: a restarted process runs no update of ours, and one that does marks itself
+        busy again when its next update starts (a waiter that meanwhile sees it idle merely defers)."""
+        tf = _tf()
+        w = int(worker)
+        clocks, marks = self.clocks.numpy(), self.marks.numpy()
+        others = [int(c) for v, c in enumerate(clocks) if v != w and marks[LIVE][v] == 1]
+        if others:  # scatter_max: atomic against the worker's own ticks
+            self.clocks.scatter_max(tf.IndexedSlices(tf.constant([min(others)], tf.int64), tf.constant([w])))
+        self.marks.scatter_nd_update([[BUSY, w], [LIVE, w]], tf.constant([0, 1], tf.int64))
+
+    def clear_busy(self, worker: int | None = None) -> None:
+        """(On the chief, eagerly.)  Mark ``worker`` (None: every worker) idle: the chief's repair of
+        a busy mark that an update which failed on the way left set (``Chief.transient``,
+        ``Chief.settle``); a waiter for a worker marked busy never gives up, so a stale mark holds
+        it until the timeout."""
+        tf = _tf()
+        workers = range(self.workers) if worker is None else [int(worker)]
+        self.marks.scatter_nd_update([[BUSY, w] for w in workers], tf.zeros([len(workers)], tf.int64))
+
+    def rebase(self) -> int:
+        """(On the chief, eagerly, after a restore and before any update.)  Set every clock to the
+        largest restored one, so the bound applies from the resume point (see the module
+        docstring); returns that clock."""
+        tf = _tf()
+        top = int(tf.reduce_max(self.clocks.read_value()))
+        self.clocks.assign(tf.fill([self.workers], tf.constant(top, tf.int64)))
+        return top
 
     def values(self) -> list[int]:
         """Every worker's clock (on the chief)."""

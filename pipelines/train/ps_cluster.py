@@ -78,15 +78,22 @@ def strategy(tf: Any, num_ps: int):
 
 class LostWorkerWatch:
     """A thread on the chief that probes every worker's address every ``every_s`` seconds and
-    calls ``on_lost(index)`` once for a worker that refused ``misses`` probes in a row (its process
-    is gone): ``bounded`` mode's clocks then stop waiting for it (``pipelines.train.ps_clock``).
-    ``lost`` holds the indices reported so far."""
+    calls ``on_lost(index)`` for a worker that refused ``misses`` probes in a row (its process is
+    gone): ``bounded`` mode's clocks then stop waiting for it (``pipelines.train.ps_clock``).  It
+    keeps probing the lost ones: one whose address accepts a connection again (a restarted
+    process, which TensorFlow's coordinator reconnects to) is taken out of ``lost`` and
+    ``on_back(index)`` is called; so does :meth:`back`, which the chief calls when an update of a
+    worker it had marked lost arrives.  ``lost`` holds the indices lost now.  A worker's change of
+    state and its callback happen under one lock, so the marks end as the last change says even
+    when the thread and the chief race."""
 
-    def __init__(self, addresses: list[str], on_lost, every_s: float = 0.5, misses: int = 2):
+    def __init__(self, addresses: list[str], on_lost, on_back=None, every_s: float = 0.5, misses: int = 2):
         import threading
 
-        self.addresses, self.on_lost, self.every_s, self.misses = list(addresses), on_lost, float(every_s), int(misses)
+        self.addresses, self.on_lost, self.on_back = list(addresses), on_lost, on_back
+        self.every_s, self.misses = float(every_s), int(misses)
         self.lost: set[int] = set()
+        self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="lost-worker-watch", daemon=True)
 
@@ -98,13 +105,29 @@ class LostWorkerWatch:
         self._stop.set()
         self._thread.join(timeout=5.0)
 
+    def back(self, worker: int) -> bool:
+        """(Any thread.)  ``worker`` answers again: if it was lost, it no longer is, ``on_back`` is
+        called, and True returned."""
+        with self._lock:
+            if worker not in self.lost:
+                return False
+            self.lost.discard(worker)
+            if self.on_back is not None:
+                self.on_back(worker)
+            return True
+
     def _run(self) -> None:
         missed = [0] * len(self.addresses)
         while not self._stop.wait(self.every_s):
             for i, address in enumerate(self.addresses):
+                up = reachable(address, timeout=1.0)  # outside the lock: it may take the timeout
                 if i in self.lost:
+                    if up:
+                        self.back(i)
                     continue
-                missed[i] = 0 if reachable(address, timeout=1.0) else missed[i] + 1
+                missed[i] = 0 if up else missed[i] + 1
                 if missed[i] >= self.misses:
-                    self.lost.add(i)
-                    self.on_lost(i)
+                    missed[i] = 0  # counted afresh should it come back
+                    with self._lock:
+                        self.lost.add(i)
+                        self.on_lost(i)

@@ -53,7 +53,8 @@ from pipelines.train.ps_clock import Clocks
 # What an update returns, in this order (one float64 vector), followed by every worker's clock as
 # the update read it when it began computing (parse_record).  ``admitted``: the combiner kept it
 # (false only for one that drops updates, combine.drops); ``clock``: its worker's clock (the
-# update's index among its worker's); ``clock_gap``: that clock less the slowest worker's (the
+# update's index among its worker's, until a resume or a lost worker's return raises clocks:
+# pipelines.train.ps_clock); ``clock_gap``: that clock less the slowest worker's (the
 # slowest live one's, once a worker is lost in bounded mode) when it began computing
 # (``clock_gap_first``: when it arrived); ``clock_wait_s``: the time it spent reading and waiting
 # for the clocks; ``deferred``: it gave up waiting and computed nothing (its rows go back).
@@ -158,10 +159,12 @@ class Server:
     ``apply(gradients, lr)`` is the job's optimizer step (SGD with momentum, 0.9 unless the chief
     says otherwise, or Adam), run on the servers; it returns a true bool tensor once the
     parameters have changed.  ``server.variables`` are what the model's trainable variables are
-    under the strategy: one entry per shard, each with its server's device.
+    under the strategy: one entry per shard, each with its server's device.  ``workers`` has no
+    default: the clocks are sized by it, and clocks sized for fewer workers than the job has
+    cannot hold the others'.
     """
 
-    def __init__(self, strategy, model, optimizer: str, momentum: float = MOMENTUM, workers: int = 1):
+    def __init__(self, strategy, model, optimizer: str, momentum: float = MOMENTUM, *, workers: int):
         tf = _tf()
         self.strategy, self.optimizer, self.momentum = strategy, optimizer, float(momentum)
         self.variables = list(model.trainable_variables)
@@ -373,6 +376,19 @@ class Server:
             return self.lock.execute(critical)[0]
 
 
+def dense(gradients) -> list:
+    """The gradients with every ``tf.IndexedSlices`` (an ``Embedding``'s) made dense, on the worker.
+    The servers would densify it anyway (the fused applies, an accumulator's add and ``dc_asgd``
+    take dense tensors, and TensorFlow converts on the server that holds the variable), but what
+    travels would then be every looked-up row, duplicates included: b × the lookups per row × the
+    embedding's width, which for ``embedding_net`` (each feature looked up once per row, ``levels``
+    table rows per feature) is b / ``levels`` times the table itself.  Dense, an update sends the
+    table's size, as for any other variable and as the planner prices it, and a user's combiner
+    sees only dense gradients.  (The Horovod step densifies for a like reason: ``pipelines.sync.step``.)"""
+    tf = _tf()
+    return [tf.convert_to_tensor(g) if isinstance(g, tf.IndexedSlices) else g for g in gradients]
+
+
 def lock_free(combine) -> bool:
     """Whether ``combine`` may run without the servers' lock: it keeps no state between updates
     and always changes the parameters (``combine.lock_free = True``, as the shipped ``plain``
@@ -403,7 +419,7 @@ def build_update(server: Server, model, combine, mode: str, max_staleness: int, 
                 logits = model((x - mean) / std, training=True)
                 n = tf.cast(tf.shape(y)[0], tf.float32)
                 loss = loss_fn(y, logits) / n
-            grads = tape.gradient(loss, server.variables)
+            grads = dense(tape.gradient(loss, server.variables))  # an embedding's sent dense (dense())
         correct = tf.reduce_sum(tf.cast(tf.equal(tf.argmax(logits, -1, output_type=tf.int32), y), tf.float32))
         if server.reads is not None:
             with tf.control_dependencies([copied]):  # the copy is made before the update is combined

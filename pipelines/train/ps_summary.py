@@ -115,8 +115,12 @@ def parameter_server_section(chief: Any) -> dict[str, Any]:
     """The summary's ``parameter_server`` section, from the chief (pipelines.train.ps_chief.Chief).
     ``clock_bound`` (``bounded``: s, the most clocks a worker may be ahead of the slowest when it
     begins an update) and ``staleness_bound`` ((N − 1)(2s + 1), the most changes a combined update
-    can lag) are None in the other modes; ``clocks`` are the workers' final clocks; ``max_clock_gap``
-    the largest gap at which an update began computing."""
+    can lag) are None in the other modes; ``clocks`` are the workers' final clocks (a clock counts
+    its worker's updates the servers received, applied or dropped, and a resume sets every clock to
+    the largest saved one: ``pipelines.train.ps_clock``); per worker, ``updates`` counts this run's
+    updates received, ``applied`` those the combiner kept and ``dropped`` the others (from the
+    update records, so a resume's rebase of the clocks leaves them exact); ``max_clock_gap`` the
+    largest gap at which an update began computing."""
     job, tally, t = chief.job, chief.tally, chief.t
     devices = job.placement.devices
     clocks = chief.server.clocks.values()

@@ -3,8 +3,10 @@ parameter servers, this process the chief) builds the job's update for a sharded
 and prints one JSON line with where the traced graph puts each op that touches a variable or an
 optimizer slot, and what the update did to the weights.  With ``sync_round``: two workers add a
 round's chunks, the chief triggers the round's apply, and the JSON line lists where TensorFlow
-placed each of the apply's ops (its placement log) and what the round did to the weights.  A separate process, because TensorFlow's
-in-process servers cannot be stopped."""
+placed each of the apply's ops (its placement log) and what the round did to the weights.  With
+``embedding``: one update of ``embedding_net`` (an ``Embedding``, whose gradient comes as
+``tf.IndexedSlices``), where the traced update densifies it and what it did to the weights.  A
+separate process, because TensorFlow's in-process servers cannot be stopped."""
 
 from __future__ import annotations
 
@@ -21,10 +23,23 @@ from pipelines.launch.local import free_ports
 os.environ.setdefault("TF_NUM_INTEROP_THREADS", "8")
 
 
-def cluster_of(tf, optimizer: str, mode: str, x, y, workers: int = 1):
-    """The in-process cluster (``workers`` workers, two servers), the coordinator, a sharded model,
-    its server and update in ``mode`` over the rows ``x``, ``y`` (written as the workers' row store
-    in a temporary folder); the servers are returned to keep them alive."""
+EMBEDDING = {"levels": 4, "dim": 3, "dense": []}  # embedding_net over 6 features: a 24 × 3 table, then the logits
+
+
+def dense_model(tf):
+    return tf.keras.Sequential([tf.keras.Input((6,)), tf.keras.layers.Dense(8), tf.keras.layers.Dense(3)])
+
+
+def embedding_model(tf):
+    from pipelines.models import build_model
+
+    return build_model("embedding_net", (6,), 3, EMBEDDING)
+
+
+def cluster_of(tf, optimizer: str, mode: str, x, y, workers: int = 1, make=dense_model):
+    """The in-process cluster (``workers`` workers, two servers), the coordinator, a sharded model
+    (``make(tf)``), its server and update in ``mode`` over the rows ``x``, ``y`` (written as the
+    workers' row store in a temporary folder); the servers are returned to keep them alive."""
     import tempfile
 
     from pipelines.train.combiners import plain
@@ -43,7 +58,7 @@ def cluster_of(tf, optimizer: str, mode: str, x, y, workers: int = 1):
     coordinator = tf.distribute.experimental.coordinator.ClusterCoordinator(st)
     tf.keras.utils.set_random_seed(0)
     with st.scope():
-        model = tf.keras.Sequential([tf.keras.Input((6,)), tf.keras.layers.Dense(8), tf.keras.layers.Dense(3)])
+        model = make(tf)
     server = Server(st, model, optimizer, workers=workers)
     combine = plain(server, {})
     store, _ = prepare(Path(tempfile.mkdtemp()) / "rows", x, y, x.shape[1:], "probe")
@@ -163,9 +178,53 @@ def sync_round() -> dict:
             "max_error": float(np.abs(after - expected).max())}
 
 
+def embedding() -> dict:
+    """One async update of ``embedding_net``, the table sharded over the two servers: the ops that
+    turn an ``IndexedSlices`` gradient dense (``UnsortedSegmentSum``) with their devices in the
+    traced update (a server's device: densified there, after every looked-up row travelled), the
+    kinds of gradient the model's tape gives, and how far the weights are from one SGD step on the
+    dense gradient computed here."""
+    import numpy as np
+    import tensorflow as tf
+
+    from pipelines.train.ps_server import parse_record
+
+    x = np.random.default_rng(2).normal(size=(5, 6)).astype("float32")
+    y = np.array([0, 1, 2, 1, 0], "int32")
+    servers, coordinator, model, server, _, update = cluster_of(tf, "sgd", "async", x, y, make=embedding_model)
+    lr, rows = 0.5, tf.constant(np.arange(5), tf.int64)
+    graph = update.get_concrete_function(rows, tf.constant(lr)).graph
+    densify = [op.device for op in graph.get_operations() if op.type == "UnsortedSegmentSum"]
+    local = embedding_model(tf)
+
+    def joined() -> list:  # the model's shards (in order, along the first axis) as the local model's weights
+        shards, out = iter(model.trainable_variables), []
+        for v in local.trainable_variables:
+            parts = [next(shards).numpy()]
+            while sum(len(p) for p in parts) < v.shape[0]:
+                parts.append(next(shards).numpy())
+            out.append(np.concatenate(parts))
+        return out
+
+    local.set_weights(joined())
+    before = [v.numpy() for v in local.trainable_variables]
+    with tf.GradientTape() as tape:
+        loss = tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True)(y, local(x, training=True))
+    grads = tape.gradient(loss, local.trainable_variables)
+    kinds = sorted({type(g).__name__ for g in grads})
+    r = parse_record(coordinator.schedule(update, args=(rows, tf.constant(lr))).fetch())
+    after = joined()
+    errors = [float(np.abs(a - (b - lr * tf.convert_to_tensor(g).numpy())).max())
+              for a, b, g in zip(after, before, grads, strict=True)]
+    moved = max(float(np.abs(a - b).max()) for a, b in zip(after, before, strict=True))
+    del servers
+    return {"densify_devices": densify, "gradient_kinds": kinds, "shards": len(server.variables),
+            "version": r["version"], "moved": moved, "max_error": max(errors)}
+
+
 if __name__ == "__main__":
     which = sys.argv[1] if len(sys.argv) > 1 else "sgd"
-    out = sync_round() if which == "sync_round" else main(which)
+    out = {"sync_round": sync_round, "embedding": embedding}.get(which, lambda: main(which))()
     print(json.dumps(out), flush=True)
     sys.stdout.flush()
     os._exit(0)  # the in-process servers and the coordinator's threads would keep the process alive

@@ -298,6 +298,17 @@ def test_a_sync_rounds_mean_and_apply_run_on_the_servers_and_workers_read_their_
     assert out["max_error"] < 1e-6, out["max_error"]
 
 
+def test_an_embeddings_sparse_gradient_is_made_dense_on_the_worker_and_applied_exactly():
+    """``embedding_net``'s tape gives the table's gradient as IndexedSlices (one row per lookup,
+    duplicates included: here more than the table); the update densifies it on the worker, so the
+    table's size travels, and the servers apply exactly one SGD step on the dense gradient (before,
+    the servers densified it: the same arithmetic, every looked-up row sent)."""
+    out = placement("embedding")
+    assert "IndexedSlices" in out["gradient_kinds"] and out["shards"] == 6  # table, kernel, bias x 2 servers
+    assert out["densify_devices"] and not any("/job:ps/" in d for d in out["densify_devices"]), out
+    assert out["version"] == 1 and out["moved"] > 1e-3 and out["max_error"] < 1e-6, out
+
+
 def test_dc_asgd_trains_with_its_updates_compensated_under_the_lock(tmp_path):
     """Every update runs under the lock and is compensated by what changed since its worker read
     (the exact arithmetic: tests/unit/train/test_dc_asgd.py)."""

@@ -71,7 +71,7 @@ def server_with(combiner: str, optimizer="sgd", **options):
     from pipelines.train.ps_server import Server
 
     holder = OneVariable([1.0, -2.0])
-    server = Server(tf.distribute.get_strategy(), holder, optimizer)
+    server = Server(tf.distribute.get_strategy(), holder, optimizer, workers=1)
     combine = check_combine(combiner, resolve_combiner(combiner)(server, {"window": 2, "max_staleness": 4, **options}))
     return server, combine, holder.trainable_variables[0]
 

@@ -23,7 +23,7 @@ def dc_server(workers=2, **options):
     from pipelines.train.ps_server import Server
 
     holder = OneVariable(W0)
-    server = Server(tf.distribute.get_strategy(), holder, "sgd")
+    server = Server(tf.distribute.get_strategy(), holder, "sgd", workers=workers)
     context = CombinerContext(workers, "async", 1, 4, options)
     combine = check_combine("dc_asgd", resolve_combiner("dc_asgd")(server, context))
     return server, combine, holder.trainable_variables[0]

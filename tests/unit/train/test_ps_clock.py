@@ -1,7 +1,9 @@
 """Bounded mode's clocks (pipelines.train.ps_clock): the staleness bound its rule implies, checked
 against a simulation of the rule, and the wait itself on real TensorFlow variables: it goes on
-within the bound, waits for a busy worker, defers for an idle one, forgets a lost one and names a
-stalled one; the chief's watch for lost workers on real sockets."""
+within the bound, waits for a busy worker (however long, while it progresses), defers for an idle
+one, forgets a lost one until it is back and names a stalled one; the chief's repairs of the clocks
+(a resume's rebase, a returning worker, stale busy marks); the chief's watch for lost workers on
+real sockets."""
 
 from __future__ import annotations
 
@@ -153,7 +155,7 @@ def test_a_live_worker_that_makes_no_progress_fails_the_wait_naming_it():
     assert "resumes from the last checkpoint (ckpt-3)" in str(error)
 
 
-def test_a_deferred_update_ticks_nothing():
+def test_start_and_release_change_only_the_busy_marks_and_tick_only_the_clock():
     c = clocks_of()
     set_state(c, [0, 0], busy=[0, 0])
     c.tick(tf.constant(0, tf.int64))  # async and sync: the clock, no marks
@@ -161,6 +163,79 @@ def test_a_deferred_update_ticks_nothing():
     c.start(tf.constant(1, tf.int64))
     c.release(tf.constant(1, tf.int64))
     assert c.clocks.numpy().tolist() == [1, 0] and c.marks.numpy().tolist()[0] == [0, 0]
+
+
+def tick_every(clocks, worker: int, times: int, every_s: float) -> threading.Thread:
+    """A thread that ticks ``worker``'s clock ``times`` times, ``every_s`` apart, leaving it busy."""
+
+    def run():
+        for _ in range(times):
+            time.sleep(every_s)
+            clocks.tick(tf.constant(worker, tf.int64))
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    return thread
+
+
+def test_the_timeout_counts_the_time_without_progress_not_the_whole_wait():
+    c = clocks_of(timeout_s=1.0)
+    wait = waiter(c)
+    set_state(c, [0, 0], busy=[0, 1])
+    wait(0)  # traced
+    set_state(c, [10, 2], busy=[0, 1])  # worker 1 busy, 7 ticks behind the bound, one tick per 0.3 s
+    thread = tick_every(c, 1, 7, 0.3)
+    go, seen, gap, first, waited = wait(0)
+    thread.join()
+    assert (go, seen, gap, first) == (True, [10, 9], 1, 8)
+    assert waited > 1.5  # longer than timeout_s in all: the slowest moved every 0.3 s
+
+    set_state(c, [10, 2], busy=[0, 1])  # the same wait for a busy worker that never ticks
+    with pytest.raises(tf.errors.InvalidArgumentError) as e:
+        wait(0)
+    assert TIMEOUT_MARK in str(e.value) and "combined no update in the last 1 s" in str(e.value)
+
+
+def test_a_resume_rebases_every_clock_to_the_largest():
+    c = clocks_of(workers=3)
+    set_state(c, [7, 2, 5], busy=[0, 0, 0])
+    assert c.rebase() == 7 and c.values() == [7, 7, 7]
+    assert waiter(c, bound=0)(1)[0]  # the worker that was 5 behind goes on at once
+
+
+def test_a_lost_worker_that_answers_again_rejoins_at_the_slowest_live_clock():
+    c = clocks_of(workers=3)
+    set_state(c, [9, 8, 3], busy=[0, 0, 1])  # worker 2 died while busy
+    c.mark_lost(2)
+    c.mark_live(2)
+    assert c.values() == [9, 8, 8]  # raised to the slowest other live worker's: no one waits for it to catch up
+    assert c.marks.numpy().tolist() == [[0, 0, 0], [1, 1, 1]]  # live, and not busy with an update that died
+    set_state(c, [4, 9, 6], busy=[0, 0, 0], live=[1, 1, 0])
+    c.mark_live(2)
+    assert c.values() == [4, 9, 6]  # ahead of the slowest: never lowered
+
+
+def test_the_chief_clears_busy_marks_one_or_all():
+    c = clocks_of(workers=3)
+    set_state(c, [0, 0, 0], busy=[1, 1, 1], live=[1, 0, 1])
+    c.clear_busy(1)
+    assert c.marks.numpy().tolist() == [[1, 0, 1], [1, 0, 1]]
+    c.clear_busy()
+    assert c.marks.numpy().tolist() == [[0, 0, 0], [1, 0, 1]]
+
+
+def test_a_stale_busy_mark_holds_a_draining_waiter_until_it_is_cleared():
+    c = clocks_of(timeout_s=30.0)
+    wait = waiter(c)
+    wait(0)  # traced: the wait below is timed from the graph's start
+    set_state(c, [4, 1], busy=[0, 1])  # worker 1 idle, but an update that failed left its mark set
+    c.drain(True)
+    clear = threading.Timer(0.5, c.clear_busy)
+    clear.start()
+    go, _, _, _, waited = wait(0)
+    clear.join()
+    c.drain(False)
+    assert not go and 0.4 <= waited < 5.0  # deferred as soon as the mark was cleared
 
 
 # ------------------------------------------------------------------ the chief's watch
@@ -180,6 +255,39 @@ def test_the_watch_reports_a_worker_whose_address_stops_answering_once():
         time.sleep(0.3)
     servers[0].close()
     assert lost == [1] and watch.lost == {1}
+
+
+def wait_until(condition, timeout=5.0):
+    deadline = time.time() + timeout
+    while not condition() and time.time() < deadline:
+        time.sleep(0.02)
+    return condition()
+
+
+def test_the_watch_keeps_probing_a_lost_worker_and_reports_it_back():
+    server = socket.create_server(("127.0.0.1", 0))
+    port = server.getsockname()[1]
+    events = []
+    with LostWorkerWatch([f"127.0.0.1:{port}"], lambda w: events.append(("lost", w)),
+                         lambda w: events.append(("back", w)), every_s=0.05) as watch:
+        server.close()
+        assert wait_until(lambda: events == [("lost", 0)])
+        server = socket.create_server(("127.0.0.1", port))  # restarted at its address
+        assert wait_until(lambda: events == [("lost", 0), ("back", 0)]) and watch.lost == set()
+        assert not watch.back(0)  # not lost: nothing to do
+    server.close()
+    assert events == [("lost", 0), ("back", 0)]
+
+
+def test_a_server_must_be_told_how_many_workers_it_keeps_clocks_for():
+    from pipelines.train.ps_server import Server
+
+    holder = SimpleNamespace(trainable_variables=[tf.Variable([1.0, 2.0])])
+    with pytest.raises(TypeError, match="workers"):
+        Server(tf.distribute.get_strategy(), holder, "sgd")
+    with pytest.raises(TypeError):
+        Server(tf.distribute.get_strategy(), holder, "sgd", 0.9, 3)  # keyword only
+    assert Server(tf.distribute.get_strategy(), holder, "sgd", workers=3).clocks.values() == [0, 0, 0]
 
 
 def test_checkpoints_keep_the_clocks_and_not_the_marks(tmp_path):

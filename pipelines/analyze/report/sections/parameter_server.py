@@ -17,9 +17,9 @@ from pipelines.analyze.updates import PARAMETER_SERVER, check_parameter_server
 STALENESS_ROWS = 16  # rows of the staleness table; the stalest values beyond share the last one
 _MODES = {
     "async": "each update is applied as it arrives, however stale",
-    "bounded": ("stale-synchronous: a worker more than {bound} clock(s) (its updates applied) ahead of the "
-                "slowest live worker waits before it computes, so no update is applied more than {tau} "
-                "versions stale; none is refused"),
+    "bounded": ("stale-synchronous: a worker more than {bound} clock(s) (its updates the servers received, "
+                "applied or dropped) ahead of the slowest live worker waits before it computes, so no update "
+                "reaches the servers more than {tau} versions stale; the wait itself drops none"),
     "sync": ("each round of B rows is cut into chunks that the workers take as they are free, so a faster "
              "worker trains a larger share, and the round's mean gradient is applied once, on the servers"),
 }
@@ -74,7 +74,8 @@ def _ps_clocks(block: dict) -> str:
     final = ", ".join(f"worker {w}: {num(c)}" for w, c in enumerate(clocks))
     bound = block.get("clock_bound")
     limit = f" (bound: {num(bound)})" if bound is not None else ""
-    return (f"<p>Final clocks (updates applied per worker): {final}. The widest gap at which an update began "
+    return (f"<p>Final clocks (each worker's updates the servers received, applied or dropped; a resumed run "
+            f"sets every clock to the largest saved one): {final}. The widest gap at which an update began "
             f"computing: {num(block.get('max_clock_gap'))} clock(s) ahead of the slowest worker{limit}. The workers "
             f"waited {num(block.get('clock_wait_s'))} s in all for the clocks; {num(block.get('deferred_updates'))} "
             "update(s) gave up waiting for an idle worker and were handed back unrun.</p>")
