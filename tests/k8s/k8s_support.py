@@ -97,3 +97,16 @@ def preload_on_cluster(cluster, spec_doc: dict, pool: dict, dag_id: str, rows_pe
     assert phase == "Succeeded", log[-3000:]
     kube.delete_namespaced_pod(name, "default")
     return claim / dag_id / "preloaded"
+
+
+def assert_pods_deleted(kube, selector: str, namespace: str = "default", timeout: float = 60.0) -> None:
+    """Every pod matching ``selector`` is deleted: each one still listed already has its deletion
+    requested (``deletion_timestamp``; as on a real cluster, a running pod stays listed through its
+    grace period until the kubelet has stopped its containers), and all are gone within ``timeout``."""
+
+    def pods():
+        return kube.list_namespaced_pod(namespace, label_selector=selector).items
+
+    undeleted = [p.metadata.name for p in pods() if p.metadata.deletion_timestamp is None]
+    assert not undeleted, f"pods left behind without a deletion request: {undeleted}"
+    wait_for(f"the pods of {selector!r} to be gone", lambda: not pods(), timeout)

@@ -12,7 +12,7 @@ from pathlib import Path
 import kubernetes_validate
 import pytest
 import yaml
-from k8s_support import GPU_POOL
+from k8s_support import GPU_POOL, assert_pods_deleted
 from restricted import restricted_violations
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "cluster"))
@@ -113,7 +113,7 @@ def test_calibration_pods_time_the_model_on_every_device_type(cluster, kube, kub
         assert profile["device"] == device
         assert profile["model_key"] == model_key(load_spec(doc))
         assert profile["per_sample_s"] >= 0 and profile["fixed_s"] >= 0 and len(profile["step_s"]) == 4
-    assert not kube.list_namespaced_pod("default", label_selector="app.kubernetes.io/component=calibration").items
+    assert_pods_deleted(kube, "app.kubernetes.io/component=calibration")
 
 
 def test_a_device_type_no_node_can_take_fails_with_the_schedulers_event(cluster, kube, kube_conn, task_context, tmp_path):
@@ -125,7 +125,7 @@ def test_a_device_type_no_node_can_take_fails_with_the_schedulers_event(cluster,
     _run_dir(cluster, context, doc)
     with pytest.raises(PodStartError, match=r"not scheduled within scheduling_timeout_s=10: .*Insufficient cpu"):
         _operator(doc).execute(context)
-    assert not kube.list_namespaced_pod("default", label_selector="app.kubernetes.io/component=calibration").items
+    assert_pods_deleted(kube, "app.kubernetes.io/component=calibration")
 
 
 def test_a_failed_calibration_pod_fails_the_task_with_its_exit_code_and_last_lines(
@@ -140,7 +140,7 @@ def test_a_failed_calibration_pod_fails_the_task_with_its_exit_code_and_last_lin
     with pytest.raises(AirflowFailException, match=r"(?s)failed with exit code 2 \(Error\).*\nERROR: "
                        r"\S+/spec\.json: job spec file not found\n\(not retried: exit code 2\)$"):
         _operator(doc).execute(context)
-    assert not kube.list_namespaced_pod("default", label_selector="app.kubernetes.io/component=calibration").items
+    assert_pods_deleted(kube, "app.kubernetes.io/component=calibration")
 
 
 def test_a_model_that_cannot_be_built_fails_the_task_on_its_first_try_naming_it(
@@ -167,4 +167,4 @@ def test_a_model_that_cannot_be_built_fails_the_task_on_its_first_try_naming_it(
     assert "Traceback" not in message, message
     assert time.monotonic() - started < 60  # one pod start: the bank check builds the model before any timing
     assert not (run_dir / "estimate" / "calibration" / "profile-fast.json").exists()
-    assert not kube.list_namespaced_pod("default", label_selector="app.kubernetes.io/component=calibration").items
+    assert_pods_deleted(kube, "app.kubernetes.io/component=calibration")

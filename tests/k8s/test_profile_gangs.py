@@ -19,7 +19,7 @@ from pathlib import Path
 import kubernetes_validate
 import pytest
 import yaml
-from k8s_support import GPU_POOL, TWO_TYPES_POOL, make_context
+from k8s_support import GPU_POOL, TWO_TYPES_POOL, assert_pods_deleted, make_context
 from restricted import restricted_violations
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "cluster"))
@@ -155,7 +155,7 @@ def probed(cluster, params) -> dict:
     with _pods_seen(kube) as seen:
         result = AllreduceProbeOperator(task_id="probe_allreduce", poll_interval=0.3).execute(
             _context("probe_allreduce", params))
-    assert not kube.list_namespaced_pod("default", label_selector=f"dag_id={DAG_ID}").items
+    assert_pods_deleted(kube, f"dag_id={DAG_ID}")
     assert not kube.list_namespaced_service("default", label_selector=f"dag_id={DAG_ID}").items
     return {"result": result, "seen": dict(seen)}
 
@@ -218,7 +218,7 @@ def test_the_reference_runs_train_as_a_kubernetes_run_and_land_in_the_bank(clust
     assert row["devices"] == ",".join(f"{r['device']}:{r['batch']}" for r in plan["ranks"])
     steps = [r for r in _bank(cluster, "steps") if r["kind"] == "run" and r["source"] == row["run"]]
     assert {r["device"] for r in steps} == set(devices)
-    assert not kube.list_namespaced_pod("default", label_selector=f"dag_id={DAG_ID}").items
+    assert_pods_deleted(kube, f"dag_id={DAG_ID}")
 
 
 def test_a_one_device_pool_has_nothing_to_probe_or_teach(tmp_path, params):

@@ -14,7 +14,7 @@ import kubernetes_validate
 import pytest
 import yaml
 from fakes import FakeCoreV1, pulling, running, terminated, unschedulable
-from k8s_support import GPU_POOL, make_context
+from k8s_support import GPU_POOL, assert_pods_deleted, make_context
 from restricted import restricted_violations
 
 from pipelines.__main__ import main
@@ -272,4 +272,4 @@ def test_a_tiny_sweep_pod_fills_the_bank_and_the_fit_pod_fits_it(cluster, kube, 
     context["outlet_events"] = {}
     fitted = BankFitOperator(task_id="fit", poll_interval=0.5).execute(context)
     assert fitted["device_types"]["cpu1"]["rows"] == 6 and fitted["device_types"]["cpu1"]["step_model"]
-    assert not kube.list_namespaced_pod("default", label_selector="dag_id=cluster_test").items
+    assert_pods_deleted(kube, "dag_id=cluster_test")

@@ -9,6 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from conftest import assert_quota_enforced
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -26,6 +27,7 @@ def cli(*args: str, timeout: float = 300) -> tuple[int, dict | None, str]:
     return proc.returncode, (json.loads(lines[-1]) if proc.returncode == 0 and lines else None), proc.stderr
 
 
+@pytest.mark.timing  # a larger batch and the traced first step must measure slower: alone, not beside other suites
 def test_a_tiny_sweep_on_the_slow_device_writes_measured_rows_and_fits(tmp_path):
     from pipelines.spec import load_pool
     from pipelines.stores.profile_bank import ProfileBank, device_key
