@@ -19,7 +19,7 @@ import yaml
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "cluster"))
 
 from fakes import ListLog  # noqa: E402
-from k8s_support import make_context  # noqa: E402
+from k8s_support import assert_pods_deleted, make_context  # noqa: E402
 
 from hetero.gang_operators import HorovodJobOperator  # noqa: E402
 from hetero.kube.errors import GangError, RankPodFailed  # noqa: E402
@@ -99,7 +99,7 @@ def first_event(trigger: GangTrigger) -> dict:
 
 
 def assert_all_gone(kube):
-    assert kube.list_namespaced_pod("default").items == []
+    assert_pods_deleted(kube, "")  # every pod: deletion requested at once, gone within the grace period
     assert kube.list_namespaced_service("default").items == []
 
 
