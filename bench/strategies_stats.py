@@ -1,5 +1,6 @@
-"""bench/strategies.py over several seeds: the seeds, the order of the runs, and the figures'
-mean and sample standard deviation over the seeds.
+"""bench/strategies.py over several seeds: the seeds, the order of the runs, the figures' mean
+and sample standard deviation over the seeds, the bounded run's s, the check of ``strategy:
+auto``'s pick against the seeds' runs, and the goals.
 
 Pure functions of the per-seed figures (no training, no TensorFlow), so that tests can check them
 on made-up numbers.  A seed's figures are those of one training per configuration, as
@@ -14,15 +15,19 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from statistics import fmean, stdev
+from statistics import fmean, median, stdev
 
 # a configuration's figures that get a mean and a standard deviation, and their rounding
 FIGURES = {"samples_per_sec": 1, "seconds_to_target_loss": 2, "holdout_accuracy": 4, "final_loss": 4,
-           "train_seconds": 1, "dropped": 2, "max_staleness_seen": 2}
+           "train_seconds": 1, "dropped": 2, "max_staleness_seen": 2, "max_clock_gap": 2, "clock_waits": 2,
+           "deferred_updates": 2, "clock_wait_s": 3}
 # figures that are one number per worker or rank: averaged element by element
 VECTORS = {"batches": 1, "updates": 1}
 # the top-level figures, each computed within a seed (paired: runs of the same seed), then averaged
 PAIRED = ("async_vs_standalone_sum", "async_accuracy_gap", "bounded_accuracy_gap")
+# the acceptance goals: (figure, comparison, bound); the first three on the mean over the seeds
+GOALS = (("async_accuracy_gap", "<=", 0.01), ("bounded_accuracy_gap", "<=", 0.01),
+         ("async_vs_standalone_sum", ">=", 0.90), ("auto_picks_faster_to_accuracy", "is", True))
 
 
 def seed_list(seeds: int | None, listed: str | None) -> list[int]:
@@ -130,6 +135,66 @@ def aggregate(per_seed: Sequence[dict]) -> dict:
     return line
 
 
+def bounded_staleness(seen: Sequence[int]) -> int:
+    """The bounded run's s from the largest staleness each async run saw so far (``seen``, one per
+    async run): one below their median, at least 1, so that the bound is tighter than what async
+    reaches unbounded (whether it held a worker back is measured: ``clock_waits``).  The median
+    rather than the last run's value, so that one seed's unusually calm async run does not loosen
+    every later bound."""
+    if not seen:
+        raise ValueError("no async run yet to take the staleness from: run ps_async first, or give --max-staleness N")
+    return max(1, math.floor(median(seen)) - 1)
+
+
+def first_to_target(results: dict[str, dict], names: Sequence[str]) -> str | None:
+    """Which of the configurations ``names`` reached the target loss first in one seed's
+    ``results`` (the least ``seconds_to_target_loss``; one that never reached it loses to one that
+    did); None when none of them reached it."""
+    reached = [(results[n]["seconds_to_target_loss"], n) for n in names
+               if results.get(n, {}).get("seconds_to_target_loss") is not None]
+    return min(reached)[1] if reached else None
+
+
+def pick_agreement(pick: str | None, per_seed: Sequence[dict], names: Sequence[str]) -> dict:
+    """``strategy: auto``'s ``pick`` (a configuration of ``names``, predicted from the first seed)
+    against the configuration that reached the target loss first in each later seed (``per_seed``:
+    those seeds, each with ``seed`` and ``strategies``).  ``agrees`` per seed: True or False, None
+    when no configuration reached the target (nothing to compare).  ``all``: True when every later
+    seed agrees, False when one disagrees, None otherwise (no later seed, no pick, or an
+    undecided seed and no disagreement)."""
+    rows = []
+    for p in per_seed:
+        actual = first_to_target(p["strategies"], names)
+        agrees = None if actual is None or pick is None else actual == pick
+        rows.append({"seed": p["seed"], "first_to_target": actual, "agrees": agrees})
+    verdicts = [r["agrees"] for r in rows]
+    if not verdicts or pick is None:
+        verdict = None
+    elif False in verdicts:
+        verdict = False
+    else:
+        verdict = None if None in verdicts else True
+    return {"per_seed": rows, "all": verdict}
+
+
+def goals(line: dict) -> dict:
+    """Each goal of :data:`GOALS` with its value and whether the line meets it (a missing or null
+    value does not)."""
+    out = {}
+    for key, op, bound in GOALS:
+        value = line.get(key)
+        if value is None:
+            met = False
+        elif op == "<=":
+            met = value <= bound
+        elif op == ">=":
+            met = value >= bound
+        else:
+            met = value is bound
+        out[key] = {"value": value, "goal": f"{op} {bound}".replace("is True", "true"), "met": met}
+    return out
+
+
 def pm(mean: float | None, sd: float | None, digits: int) -> str:
     """``mean ± sd`` for a table ("never" for no mean, the mean alone for no sd)."""
     if mean is None:
@@ -138,13 +203,33 @@ def pm(mean: float | None, sd: float | None, digits: int) -> str:
 
 
 def table(line: dict) -> str:
-    """The configurations' mean ± sd as a Markdown table (printed before the JSON line)."""
-    rows = ["| configuration | samples/s | s to target loss (seeds reaching it) | held-out accuracy |",
-            "| --- | --- | --- | --- |"]
+    """The configurations' mean ± sd as a Markdown table, then the goals (printed before the JSON
+    line; bench/README.md holds them)."""
+    rows = ["| configuration | rate at B | samples/s | s to target loss (seeds reaching it) | held-out accuracy | "
+            "final loss |", "| --- | --- | --- | --- | --- | --- |"]
     n = len(line["seeds"])
+    rates = line.get("rates") or {}
     for name, r in line["strategies"].items():
         target = pm(r["seconds_to_target_loss"], r["seconds_to_target_loss_sd"], 1)
-        rows.append(f"| {name} | {pm(r['samples_per_sec'], r['samples_per_sec_sd'], 0)} | "
+        rate = f"{rates[name]:.4g}" if rates.get(name) is not None else ""
+        rows.append(f"| {name} | {rate} | {pm(r['samples_per_sec'], r['samples_per_sec_sd'], 0)} | "
                     f"{target} ({r['seconds_to_target_loss_reached']}/{n}) | "
-                    f"{pm(r['holdout_accuracy'], r['holdout_accuracy_sd'], 3)} |")
+                    f"{pm(r['holdout_accuracy'], r['holdout_accuracy_sd'], 3)} | "
+                    f"{pm(r['final_loss'], r['final_loss_sd'], 3)} |")
+    alone = line.get("standalone_samples_per_sec") or {}
+    sds = line.get("standalone_samples_per_sec_sd") or {}
+    if alone:
+        rows.append("| each device alone | | " + ", ".join(f"{d} {pm(v, sds.get(d), 0)}" for d, v in alone.items())
+                    + " | | | |")
+    rows += ["", "| goal | mean ± sd | per seed | met |", "| --- | --- | --- | --- |"]
+    for key, g in (line.get("goals") or {}).items():
+        if isinstance(g["value"], bool) or g["value"] is None:
+            value, per = str(g["value"]).lower() if g["value"] is not None else "null", ""
+            if key == "auto_picks_faster_to_accuracy":
+                per = ", ".join(str(a["agrees"]).lower() if a["agrees"] is not None else "undecided"
+                                for a in line.get("auto_agreement") or [])
+        else:
+            value = pm(g["value"], line.get(f"{key}_sd"), 3)
+            per = ", ".join(f"{v:.3f}" for v in line.get(f"{key}_per_seed") or [])
+        rows.append(f"| `{key}` {g['goal']} | {value} | {per} | {'met' if g['met'] else '**missed**'} |")
     return "\n".join(rows)

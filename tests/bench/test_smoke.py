@@ -16,6 +16,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from bench_modules import load_bench
 
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = [pytest.mark.trainer, pytest.mark.integration]
@@ -92,17 +93,28 @@ def test_hetero():
 
 
 def test_strategies():
+    # fixed rates (the lr_search path is the next test's), the job's default schedule, s from async
     line = run_bench("strategies.py", "--rows", 1000, "--epochs", 1, "--global-batch", 128, "--standalone-steps", 10,
                      "--model", '{"name": "tiny_mlp"}', "--only", "horovod_balanced,ps_async,ps_bounded",
-                     "--slow-share", 1.0, "--target-loss", 100, "--seeds", 2)
+                     "--slow-share", 1.0, "--target-loss", 100, "--seeds", 2, "--rates", "fixed")
+    from pipelines.spec import TrainingSpec
+
     paired = ("async_vs_standalone_sum", "async_accuracy_gap", "bounded_accuracy_gap")
     has_keys(line, {"strategies", "standalone_samples_per_sec", "combiner", "async_momentum", "learning_rate", "rows",
                     "epochs", "global_batch", "slow_share", "max_staleness", "target_loss", "seeds", "per_seed",
-                    "standalone_samples_per_sec_sd", "standalone_samples_per_sec_per_seed"}
+                    "standalone_samples_per_sec_sd", "standalone_samples_per_sec_per_seed", "workers", "devices",
+                    "update_batch", "rates", "rates_from", "lr_search", "lr_schedule", "warmup_epochs", "bounded_waited",
+                    "auto_pick", "auto_strategy", "auto_reason", "auto_predicted", "auto_agreement",
+                    "auto_picks_faster_to_accuracy", "quota_enforced", "goals", "goals_missed"}
              | {f"{k}{s}" for k in paired for s in ("", "_sd", "_per_seed")})
     assert line["seeds"] == [1, 2]
     configs = {"horovod_balanced", "ps_async", "ps_bounded"}
     assert set(line["strategies"]) == configs
+    assert line["workers"] == 2 and [d["device"] for d in line["devices"]] == ["fast", "slow"]
+    assert line["update_batch"] == 64 and isinstance(line["quota_enforced"], bool)
+    assert line["rates"] == dict.fromkeys(configs, 0.05) and line["rates_from"] == "fixed" and line["lr_search"] is None
+    defaults = TrainingSpec.model_fields  # the job's default schedule, not overridden
+    assert (line["lr_schedule"], line["warmup_epochs"]) == (defaults["lr_schedule"].default, defaults["warmup_epochs"].default)
 
     def mean_sd_seeds(row: dict, key: str, digits: int, low: float, high: float = math.inf) -> None:
         """``key`` is the mean of its two per-seed values (rounded to ``digits``), each in
@@ -121,12 +133,13 @@ def test_strategies():
         mean_sd_seeds(row, "seconds_to_target_loss", 2, 0)  # a loss of 100 is reached at once, every seed
         assert row["seconds_to_target_loss_reached"] == 2 and row["samples"] > 0, (name, row)
         if name.startswith("ps_"):
-            has_keys(row, {"updates", "dropped", "max_staleness_seen", "updates_per_seed"})
+            has_keys(row, {"updates", "dropped", "max_staleness_seen", "max_clock_gap", "updates_per_seed"})
             assert len(row["updates"]) == 2 and all(u > 0 for u in row["updates"]), (name, row)
             assert len(row["updates_per_seed"]) == 2, (name, row)
         else:
             assert sum(row["batches"]) == pytest.approx(128, abs=0.2)
             assert [sum(b) for b in row["batches_per_seed"]] == [128, 128]
+    has_keys(line["strategies"]["ps_bounded"], {"clock_waits", "deferred_updates", "clock_wait_s"})
     assert set(line["standalone_samples_per_sec"]) == {"fast", "slow"}
     assert all(number(v, 1) for v in line["standalone_samples_per_sec"].values())
     assert all(number(v, 0) for v in line["standalone_samples_per_sec_sd"].values())
@@ -143,7 +156,40 @@ def test_strategies():
         assert set(seed["strategies"]) == configs
         gap = seed["strategies"]["horovod_balanced"]["holdout_accuracy"] - seed["strategies"]["ps_async"]["holdout_accuracy"]
         assert line["async_accuracy_gap_per_seed"][i] == seed["async_accuracy_gap"] == pytest.approx(gap, abs=1e-4)
+    # bounded's s, one below seed 1's async staleness (its async ran first; seed 2's bounded ran
+    # before its async, so it had seed 1's alone)
+    s = max(1, first["strategies"]["ps_async"]["max_staleness_seen"] - 1)
+    assert line["max_staleness"] == [s, s] == [first["max_staleness"], second["max_staleness"]]
+    assert all(isinstance(w, bool) for w in line["bounded_waited"]) and len(line["bounded_waited"]) == 2
+    # auto, learned from seed 1, judged on seed 2: who reached the (trivial) target first there
+    assert (line["auto_pick"], line["auto_strategy"]) in {("horovod_balanced", "horovod"), ("ps_async", "parameter_server")}
+    assert line["auto_reason"].startswith("training.strategy auto:") and set(line["auto_predicted"]) == {"horovod",
+                                                                                                       "parameter_server"}
+    times = {n: second["strategies"][n]["seconds_to_target_loss"] for n in ("horovod_balanced", "ps_async")}
+    (agreement,) = line["auto_agreement"]
+    assert agreement["seed"] == 2 and agreement["first_to_target"] == min(times, key=times.get)
+    assert agreement["agrees"] == (agreement["first_to_target"] == line["auto_pick"]) == line["auto_picks_faster_to_accuracy"]
+    assert set(line["goals"]) == {*paired, "auto_picks_faster_to_accuracy"}
+    assert line["goals_missed"] == [k for k, g in line["goals"].items() if not g["met"]]
+    assert line["goals"]["async_vs_standalone_sum"]["value"] == line["async_vs_standalone_sum"]
     assert (line["rows"], line["epochs"], line["global_batch"], line["slow_share"]) == (1000, 1, 128, 1.0)
+
+
+def test_strategies_rates_from_lr_search(tmp_path):
+    # the lr_search path alone, on three devices: the stage once per family, each rate at B
+    bench = load_bench("strategies")
+    args = bench.parse_args([str(a) for a in ("--workers", 3, "--rows", 1000, "--epochs", 1, "--global-batch", 128,
+                                              "--model", '{"name": "tiny_mlp"}', "--only", "horovod_equal,ps_async",
+                                              "--slow-share", 1.0, "--medium-share", 1.0, "--seeds", 1)])
+    runs = bench.Bench(tmp_path, bench.prepare(tmp_path, args.rows, seed=0), args)
+    hvd, ps = runs.searches["horovod"], runs.searches["ps_update"]
+    assert (hvd["ranks"], hvd["batches"], hvd["global_batch"]) == (3, [43, 43, 42], 128)
+    assert (ps["ranks"], ps["batches"], ps["global_batch"]) == (1, [42], 42) and runs.b == 42
+    for found in (hvd, ps):
+        assert number(found["learning_rate"], 1e-6, 10) and isinstance(found["quota_enforced"], bool), found
+        assert found["method"] != "fixed" and found["search_seconds"] > 0
+    assert runs.rates["horovod_equal"] == pytest.approx(hvd["learning_rate"], rel=1e-5)
+    assert runs.rates["ps_async"] == pytest.approx(ps["learning_rate"] * 128 / 42, rel=1e-5)
 
 
 def test_ps_apply():

@@ -1,6 +1,7 @@
-"""bench/strategies.py over several seeds: its seeds, run order and aggregation
-(bench/strategies_stats.py) on made-up figures whose answer is known, and the seed reaching the
-job spec."""
+"""bench/strategies.py over several seeds: its seeds, run order and aggregation, the bounded
+run's s, the check of auto's pick and the goals (bench/strategies_stats.py) on made-up figures
+whose answer is known; the rates' families and scaling (bench/strategies_rates.py); auto's pick
+from made-up loss curves (bench/strategies_auto.py); and the seed reaching the job spec."""
 
 from __future__ import annotations
 
@@ -115,14 +116,129 @@ def test_seed_list_and_run_order(stats):
     assert set(positions.values()) == {len(names) - 1}
 
 
-def test_the_table_gives_mean_and_sd(stats):
+def test_the_table_gives_mean_and_sd_and_the_goals(stats):
     alone = {"fast": 1.0, "slow": 1.0}
     per_seed = [seed(stats, s, row(1000.0 + s, 0.9, 10.0 + s), row(900.0, 0.5, None), row(950.0, 0.6, 5.0), alone)
                 for s in (1, 2)]
-    text = stats.table(stats.aggregate(per_seed))
-    assert "| horovod_balanced | 1002 ± 1 | 11.5 ± 0.7 (2/2) | 0.900 ± 0.000 |" in text
-    assert "| ps_async | 900 ± 0 | never (0/2) | 0.500 ± 0.000 |" in text
-    assert "| ps_bounded | 950 ± 0 | 5.0 ± 0.0 (2/2) | 0.600 ± 0.000 |" in text
+    line = stats.aggregate(per_seed)
+    line.update(rates={"horovod_balanced": 0.05, "ps_async": 0.2, "ps_bounded": 0.2}, auto_picks_faster_to_accuracy=True,
+                auto_agreement=[{"seed": 2, "first_to_target": "horovod_balanced", "agrees": True}])
+    line["goals"] = stats.goals(line)
+    text = stats.table(line)
+    assert "| horovod_balanced | 0.05 | 1002 ± 1 | 11.5 ± 0.7 (2/2) | 0.900 ± 0.000 | 0.500 ± 0.000 |" in text
+    assert "| ps_async | 0.2 | 900 ± 0 | never (0/2) | 0.500 ± 0.000 | 0.500 ± 0.000 |" in text
+    assert "| ps_bounded | 0.2 | 950 ± 0 | 5.0 ± 0.0 (2/2) | 0.600 ± 0.000 | 0.500 ± 0.000 |" in text
+    assert "| each device alone | | fast 1 ± 0, slow 1 ± 0 | | | |" in text
+    assert "| `async_accuracy_gap` <= 0.01 | 0.400 ± 0.000 | 0.400, 0.400 | **missed** |" in text
+    assert "| `auto_picks_faster_to_accuracy` true | true | true | met |" in text
+
+
+def test_the_goals_are_met_on_the_means_and_a_null_misses(stats):
+    line = {"async_accuracy_gap": 0.01, "bounded_accuracy_gap": 0.0101, "async_vs_standalone_sum": 0.9,
+            "auto_picks_faster_to_accuracy": None}
+    g = stats.goals(line)
+    assert [g[k]["met"] for k in ("async_accuracy_gap", "bounded_accuracy_gap", "async_vs_standalone_sum",
+                                  "auto_picks_faster_to_accuracy")] == [True, False, True, False]
+    assert g["async_vs_standalone_sum"]["goal"] == ">= 0.9" and g["auto_picks_faster_to_accuracy"]["goal"] == "true"
+    assert stats.goals({**line, "auto_picks_faster_to_accuracy": True})["auto_picks_faster_to_accuracy"]["met"]
+    assert not stats.goals({})["async_accuracy_gap"]["met"]
+
+
+def test_the_bounded_s_is_below_the_median_async_staleness(stats):
+    assert stats.bounded_staleness([4]) == 3
+    assert stats.bounded_staleness([4, 3, 3]) == 2  # median 3, not the largest, 4
+    assert stats.bounded_staleness([5, 6]) == 4  # median 5.5, floored
+    assert stats.bounded_staleness([1]) == 1 and stats.bounded_staleness([0, 0]) == 1  # at least 1
+    for seen in ([3], [7, 2, 9, 4]):  # below what async reached: the bound binds
+        assert stats.bounded_staleness(seen) < max(seen)
+    with pytest.raises(ValueError, match="ps_async"):
+        stats.bounded_staleness([])
+
+
+def test_auto_is_judged_by_who_reached_the_target_first_in_each_later_seed(stats):
+    names = ["horovod_balanced", "ps_async"]
+
+    def later(n, hvd, ps):
+        return {"seed": n, "strategies": {"horovod_balanced": row(1, 0.9, hvd), "ps_async": row(1, 0.9, ps)}}
+
+    assert stats.first_to_target(later(2, 12.0, 9.0)["strategies"], names) == "ps_async"
+    assert stats.first_to_target(later(2, 12.0, None)["strategies"], names) == "horovod_balanced"  # never loses
+    assert stats.first_to_target(later(2, None, None)["strategies"], names) is None
+    seeds = [later(2, 12.0, 15.0), later(3, 11.0, None)]
+    agreed = stats.pick_agreement("horovod_balanced", seeds, names)
+    assert agreed["all"] is True
+    assert agreed["per_seed"] == [{"seed": 2, "first_to_target": "horovod_balanced", "agrees": True},
+                                  {"seed": 3, "first_to_target": "horovod_balanced", "agrees": True}]
+    # one seed the other way round is a disagreement, whatever the others say
+    assert stats.pick_agreement("horovod_balanced", [*seeds, later(4, 12.0, 8.0)], names)["all"] is False
+    # a seed where neither reached the target decides nothing: not true
+    undecided = stats.pick_agreement("ps_async", [later(2, 12.0, 8.0), later(3, None, None)], names)
+    assert undecided["all"] is None and [r["agrees"] for r in undecided["per_seed"]] == [True, None]
+    assert stats.pick_agreement("ps_async", [], names) == {"per_seed": [], "all": None}  # no later seed
+    assert stats.pick_agreement(None, seeds, names)["all"] is None  # no pick (--only left one out)
+
+
+@pytest.mark.trainer
+def test_each_family_gets_its_rate_at_b_by_linear_scaling():
+    rates = load_bench("strategies_rates")
+    assert rates.families(["ps_bounded", "horovod_equal", "ps_sync"]) == ["horovod", "ps_update"]
+    assert rates.families(["ps_async"]) == ["ps_update"]
+    profiles = [rates.Profile("fast", (1,), 1.0), rates.Profile("medium", (0,), 0.6), rates.Profile("slow", (0,), 0.4)]
+    hvd = rates.search_plan("horovod", profiles, 512)
+    assert hvd["global_batch"] == 512 and [r["batch"] for r in hvd["ranks"]] == [171, 171, 170]
+    assert [r["device"] for r in hvd["ranks"]] == ["fast", "medium", "slow"]
+    assert rates.search_plan("ps_update", profiles, 512) == {"global_batch": 170,
+                                                             "ranks": [{"rank": 0, "device": "fast", "batch": 170}]}
+    found = {"horovod": {"learning_rate": 0.08, "global_batch": 512}, "ps_update": {"learning_rate": 0.03, "global_batch": 170}}
+    out = rates.configuration_rates(found, 512, ["horovod_balanced", "ps_sync", "ps_async"])
+    # Horovod and sync at B as found; an update of b rows at 0.03, written at B as 0.03 * 512 / 170
+    assert out["horovod_balanced"] == out["ps_sync"] == 0.08
+    assert out["ps_async"] == pytest.approx(0.03 * 512 / 170, rel=1e-5)
+    with pytest.raises(ValueError):
+        rates.family_of("nope")
+
+
+@pytest.mark.trainer
+def test_auto_picks_by_the_time_to_the_target_learned_from_the_first_seeds_curves(tmp_path):
+    auto, rates = load_bench("strategies_auto"), load_bench("strategies_rates")
+    pool = rates.write_pool(tmp_path / "pool.yaml", [rates.Profile("fast", (1,), 1.0), rates.Profile("slow", (0,), 0.4)])
+
+    def run(name: str, steps: int, slope: float, sps: float, **ps) -> dict:
+        """A finished 2-epoch run whose loss falls by ``slope`` an epoch to 0.45 and stays there."""
+        out = tmp_path / name
+        out.mkdir(exist_ok=True)
+        training = {"epochs": 2, "global_batch": 128, "learning_rate": 0.05, "seed": 1}
+        summary = {"global_batch": 128, "epochs": 2, "steps": steps, "resumed_from_step": 0, "warm_started_from": None,
+                   "loss_curve": [[s, max(0.45, 2.0 - slope * 2 * s / steps)] for s in range(1, steps + 1)]}
+        if ps:
+            training.update(strategy="parameter_server", update_mode="async")
+            summary.update(strategy="parameter_server", parameter_server={"update_batch": 64, "combiner": "plain",
+                                                                          "max_staleness": 4, **ps})
+        summary["ranks"] = [{"rank": i, "device": "default", "batch": b} for i, b in enumerate((64, 64) if ps else (90, 38))]
+        (out / "summary.json").write_text(json.dumps(summary))
+        spec = tmp_path / f"spec-{name}.json"
+        spec.write_text(json.dumps({"model": {"name": "tiny_mlp"}, "dataset": {"uri": str(tmp_path / "data")},
+                                    "training": training, "artifact_root": str(tmp_path)}))
+        return {"spec": spec, "out": out, "samples_per_sec": sps}
+
+    alone = {"fast": 1200.0, "slow": 500.0}
+    hvd = run("hvd", 16, 1.6, 1000.0)
+    # the parameter server is 1.5 times as fast but needs twice the epochs to the loss both reach
+    slow = auto.predict_pick(tmp_path / "work", pool, {"horovod": hvd, "parameter_server": run("ps", 32, 0.8, 1500.0,
+                                                                                               update_mode="async")},
+                             alone, 1000, 1)
+    assert slow["curves_recorded"] == {"horovod": True, "parameter_server": True}
+    ps = slow["strategies"]["parameter_server"]
+    assert ps["convergence_learned"] and 1.5 < ps["epoch_ratio"] < 2.1  # about 2, smoothed over 3 windows
+    assert (slow["pick"], slow["strategy"]) == ("horovod_balanced", "horovod")
+    assert "reach the target loss first" in slow["reason"] and "2 rank(s)" in slow["reason"]
+    assert ps["samples_per_sec"] == 1500.0 and slow["strategies"]["horovod"]["samples_per_sec"] == 1000.0
+    # the same epochs to the target: the faster one wins
+    same = auto.predict_pick(tmp_path / "work", pool, {"horovod": hvd, "parameter_server": run("ps", 32, 1.6, 1500.0,
+                                                                                               update_mode="async")},
+                             alone, 1000, 1)
+    assert (same["pick"], same["strategy"]) == ("ps_async", "parameter_server")
+    assert same["strategies"]["parameter_server"]["epoch_ratio"] == pytest.approx(1.0, abs=0.15)  # finer windows
 
 
 @pytest.mark.trainer
@@ -130,12 +246,24 @@ def test_the_seed_is_the_job_specs_and_bad_options_exit_2(tmp_path, capsys):
     bench = load_bench("strategies")  # puts bench/ on sys.path itself, for its own imports
     args = bench.parse_args(["--seed-list", "7,3"])
     assert args.seed_list == [7, 3] and args.only == list(bench.CONFIGURATIONS)
-    assert bench.parse_args([]).seed_list == [1, 2, 3]
-    path = bench.write_spec(tmp_path, "x", args, 7, strategy="parameter_server")
+    defaults = bench.parse_args([])
+    assert defaults.seed_list == [1, 2, 3] and defaults.max_staleness == "auto" and defaults.rates == "lr_search"
+    assert defaults.workers == 2 and [p.device for p in bench.device_profiles(defaults)] == ["fast", "slow"]
+    path = bench.write_spec(tmp_path, "x", args, 7, 0.1, strategy="parameter_server")
     training = json.loads(path.read_text())["training"]
-    assert training["seed"] == 7 and training["strategy"] == "parameter_server"
+    assert training["seed"] == 7 and training["strategy"] == "parameter_server" and training["learning_rate"] == 0.1
+    # the job's default schedule: not overridden, unless asked
+    assert "lr_schedule" not in training and "warmup_epochs" not in training
+    constant = bench.spec_doc(tmp_path, bench.parse_args(["--schedule", "constant"]), 1, 0.1)["training"]
+    assert (constant["lr_schedule"], constant["warmup_epochs"]) == ("constant", 0)
+    three = bench.parse_args(["--workers", "3", "--medium-share", "0.5", "--only", "ps_bounded,ps_async",
+                              "--max-staleness", "2"])
+    assert [(p.device, p.cpus, p.cpu_share) for p in bench.device_profiles(three)] == [
+        ("fast", (1,), 1.0), ("medium", (0,), 0.5), ("slow", (0,), 0.4)]  # medium and slow share core 0
+    assert three.only == ["ps_async", "ps_bounded"] and three.max_staleness == 2  # async runs first
     for bad in (["--seeds", "0"], ["--seeds", "2", "--seed-list", "1,2"], ["--only", "ps_async,nope"],
-                ["--seed-list", "1,1"]):
+                ["--seed-list", "1,1"], ["--workers", "4"], ["--max-staleness", "x"], ["--max-staleness", "-1"],
+                ["--only", "ps_bounded"], ["--slow-share", "0"]):
         with pytest.raises(SystemExit) as e:
             bench.parse_args(bad)
         assert e.value.code == 2, bad
