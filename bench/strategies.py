@@ -85,6 +85,7 @@ from strategies_stats import (  # noqa: E402
 
 from hetero import prepare  # noqa: E402
 from pipelines.analyze.evaluate import evaluate as holdout  # noqa: E402
+from pipelines.errors import EXIT_DIVERGED  # noqa: E402
 from pipelines.launch.local import Profile, free_ports, launch, launch_ps  # noqa: E402
 from pipelines.launch.tfconfig import cluster_spec  # noqa: E402
 from pipelines.spec import TrainingSpec  # noqa: E402
@@ -224,10 +225,7 @@ class Bench:
         cmd = [sys.executable, "-m", "pipelines.train.trainer", "--spec", str(spec), "--run-dir", str(self.run), *extra]
         log = io.StringIO()
         result = launch(cmd, profiles, job=f"bench-{name}", timeout_s=1800, output=log)
-        if result.returncode != 0:
-            raise SystemExit(f"{name} failed: {result.message}\n{log.getvalue()[-3000:]}")
-        self.quota.append(result.quota_enforced)
-        return spec, out
+        return spec, self.ended(name, result, out, log)
 
     def parameter_server(self, configuration: str, seed: int, **training) -> tuple[Path, Path]:
         """Train with a chief, a worker per device and one parameter server."""
@@ -241,10 +239,22 @@ class Bench:
         cmd = [sys.executable, "-m", "pipelines.train.ps", "--spec", str(spec), "--run-dir", str(self.run), "--out", str(out)]
         log = io.StringIO()
         result = launch_ps(cmd, cluster, self.profiles, job=f"bench-{name}", timeout_s=1800, output=log)
+        return spec, self.ended(name, result, out, log)
+
+    def ended(self, name: str, result, out: Path, log: io.StringIO) -> Path | None:
+        """A training's output folder; None when its loss diverged (exit 4: a result of the
+        configuration at that rate, recorded as a collapse, not a failure of the benchmark);
+        any other failure stops the benchmark."""
+        if result.returncode == EXIT_DIVERGED:
+            print(f"{name}: the loss diverged (recorded as a collapse)", flush=True)
+            return None
         if result.returncode != 0:
             raise SystemExit(f"{name} failed: {result.message}\n{log.getvalue()[-3000:]}")
         self.quota.append(result.quota_enforced)
-        return spec, out
+        return out
+
+    def num_classes(self) -> int:
+        return int(json.loads((self.run / "preload" / "result.json").read_text())["num_classes"])
 
     def figures(self, out: Path, evaluate: bool = True) -> dict:
         """Steady throughput, time to the target loss and held-out accuracy of one trained configuration."""
@@ -276,6 +286,21 @@ class Bench:
         else:
             row["batches"] = history[-1]["batches"]
         return row
+
+
+def collapsed(name: str, num_classes: int) -> dict:
+    """The row of a configuration whose loss diverged: no throughput, loss or time to the target
+    (null, left out of the means and counted), and held-out accuracy at chance, 1 / classes (its
+    weights are NaN: every prediction is the same class), so that the accuracy gaps count it."""
+    row = {"diverged": True, "samples_per_sec": None, "seconds_to_target_loss": None, "final_loss": None,
+           "train_seconds": None, "holdout_accuracy": round(1.0 / num_classes, 4), "samples": None}
+    if name.startswith("ps_"):
+        row.update(updates=None, dropped=None, max_staleness_seen=None, max_clock_gap=None)
+        if name == "ps_bounded":
+            row.update(clock_waits=None, deferred_updates=None, clock_wait_s=None)
+    else:
+        row["batches"] = None
+    return row
 
 
 def clock_waits(updates_file: Path, s: int) -> int:
@@ -313,13 +338,19 @@ def one_seed(bench: Bench, seed: int, index: int) -> tuple[dict, dict]:
     results, alone, outs = {}, {}, {}
     for name in order:
         spec, out = runs[name]()
+        if out is None and name not in devices:  # diverged: a collapse, at chance accuracy
+            results[name] = collapsed(name, bench.num_classes())
+            print(f"seed {seed} {name}", json.dumps(results[name]), flush=True)
+            continue
+        if out is None:
+            raise SystemExit(f"{name} alone diverged at the fixed --learning-rate {args.learning_rate}: lower it")
         if name in devices:
             alone[name] = bench.figures(out, evaluate=False)["samples_per_sec"]
             print(f"seed {seed} {name}_alone", json.dumps(alone[name]), flush=True)
             continue
         outs[name] = {"spec": spec, "out": out}
         results[name] = bench.figures(out)
-        if name == "ps_async":
+        if name == "ps_async" and results[name]["max_staleness_seen"] is not None:
             bench.async_seen.append(results[name]["max_staleness_seen"])
         print(f"seed {seed} {name}", json.dumps(results[name]), flush=True)
     results = {name: results[name] for name in args.only}  # the line's order, not the run's
@@ -328,8 +359,8 @@ def one_seed(bench: Bench, seed: int, index: int) -> tuple[dict, dict]:
            **seed_figures(results, alone)}
     if "ps_bounded" in results:
         bounded_row = results["ps_bounded"]
-        row.update(max_staleness=used["s"],
-                   bounded_waited=bounded_row["clock_waits"] + bounded_row["deferred_updates"] > 0)
+        waits = [bounded_row.get("clock_waits"), bounded_row.get("deferred_updates")]
+        row.update(max_staleness=used["s"], bounded_waited=None if None in waits else sum(waits) > 0)
     return row, outs
 
 

@@ -87,12 +87,15 @@ def configuration(rows: Sequence[dict]) -> dict:
     if "seconds_to_target_loss" in rows[0]:
         out["seconds_to_target_loss_reached"] = sum(r["seconds_to_target_loss"] is not None for r in rows)
     if "samples" in rows[0]:
-        samples = [r["samples"] for r in rows]  # the same epochs: the same samples every seed
-        out["samples"] = samples[0] if len(set(samples)) == 1 else round(fmean(samples), 1)
+        samples = [r["samples"] for r in rows if r["samples"] is not None]  # the same epochs: the same samples
+        out["samples"] = (samples[0] if len(set(samples)) == 1 else round(fmean(samples), 1)) if samples else None
     for key, digits in VECTORS.items():
         if key in rows[0]:
-            out[key] = elementwise_mean([r[key] for r in rows], digits)
+            known = [r[key] for r in rows if r[key] is not None]  # a diverged run has none
+            out[key] = elementwise_mean(known, digits) if known else None
             out[f"{key}_per_seed"] = [r[key] for r in rows]
+    # runs whose loss diverged (bench/strategies.py's collapsed(): chance accuracy, no figures)
+    out["diverged"] = sum(bool(r.get("diverged")) for r in rows)
     return out
 
 
@@ -102,8 +105,9 @@ def seed_figures(results: dict[str, dict], alone: dict[str, float]) -> dict:
     standalone throughputs; ``<mode>_accuracy_gap``: Horovod balanced's held-out accuracy minus
     the mode's.  A figure whose runs are missing (``--only``) is left out."""
     out: dict = {}
-    if "ps_async" in results and alone:
-        out["async_vs_standalone_sum"] = round(results["ps_async"]["samples_per_sec"] / sum(alone.values()), 4)
+    if "ps_async" in results and alone:  # null when async diverged (no throughput to compare)
+        rate = results["ps_async"]["samples_per_sec"]
+        out["async_vs_standalone_sum"] = None if rate is None else round(rate / sum(alone.values()), 4)
     if "horovod_balanced" in results:
         base = results["horovod_balanced"]["holdout_accuracy"]
         for mode in ("async", "bounded"):
@@ -214,7 +218,8 @@ def table(line: dict) -> str:
         rate = f"{rates[name]:.4g}" if rates.get(name) is not None else ""
         rows.append(f"| {name} | {rate} | {pm(r['samples_per_sec'], r['samples_per_sec_sd'], 0)} | "
                     f"{target} ({r['seconds_to_target_loss_reached']}/{n}) | "
-                    f"{pm(r['holdout_accuracy'], r['holdout_accuracy_sd'], 3)} | "
+                    f"{pm(r['holdout_accuracy'], r['holdout_accuracy_sd'], 3)}"
+                    f"{f' ({d}/{n} diverged: at chance)' if (d := r.get('diverged')) else ''} | "
                     f"{pm(r['final_loss'], r['final_loss_sd'], 3)} |")
     alone = line.get("standalone_samples_per_sec") or {}
     sds = line.get("standalone_samples_per_sec_sd") or {}
@@ -230,6 +235,6 @@ def table(line: dict) -> str:
                                 for a in line.get("auto_agreement") or [])
         else:
             value = pm(g["value"], line.get(f"{key}_sd"), 3)
-            per = ", ".join(f"{v:.3f}" for v in line.get(f"{key}_per_seed") or [])
+            per = ", ".join("null" if v is None else f"{v:.3f}" for v in line.get(f"{key}_per_seed") or [])
         rows.append(f"| `{key}` {g['goal']} | {value} | {per} | {'met' if g['met'] else '**missed**'} |")
     return "\n".join(rows)

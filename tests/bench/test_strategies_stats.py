@@ -89,6 +89,24 @@ def test_a_configuration_over_seeds(stats):
     assert never["batches"] == [305.0, 207.0] and sum(never["batches"]) == 512
 
 
+def test_a_diverged_run_is_a_collapse_at_chance_counted_in_the_gaps(stats):
+    strategies = load_bench("strategies")
+    collapsed = strategies.collapsed("ps_async", 10)
+    assert collapsed["diverged"] is True and collapsed["holdout_accuracy"] == 0.1
+    alone = {"fast": 600.0, "slow": 400.0}
+    per_seed = [seed(stats, 1, row(1700, 0.99, 11.0), row(900, 0.49, 20.0, updates=[90, 40]), row(1800, 0.89, 20.0), alone),
+                seed(stats, 2, row(1600, 0.95, 12.0), collapsed, row(1800, 0.75, None), alone)]
+    assert per_seed[1]["async_accuracy_gap"] == 0.85 and per_seed[1]["async_vs_standalone_sum"] is None
+    line = stats.aggregate(per_seed)
+    a = line["strategies"]["ps_async"]
+    assert a["diverged"] == 1 and line["strategies"]["horovod_balanced"]["diverged"] == 0
+    assert a["holdout_accuracy_per_seed"] == [0.49, 0.1] and a["samples_per_sec"] == 900.0
+    assert a["updates"] == [90.0, 40.0] and a["samples"] == 34200
+    assert line["async_accuracy_gap_per_seed"] == [0.5, 0.85]  # the collapse widens the gap, not hidden
+    assert line["async_vs_standalone_sum_per_seed"] == [0.9, None] and line["async_vs_standalone_sum"] == 0.9
+    assert "(1/2 diverged: at chance)" in stats.table(line)
+
+
 def test_seeds_must_run_the_same_configurations(stats):
     alone = {"fast": 1.0, "slow": 1.0}
     a = seed(stats, 1, row(1, 0.9, 1.0), row(1, 0.9, 1.0), row(1, 0.9, 1.0), alone)
