@@ -180,7 +180,11 @@ class Clocks:
         tf = _tf()
         bound = int(bound)
         start = tf.timestamp()
-        first = self.look(worker)
+        # Explicit order: the wait's start before its first read, and the loop's first time after
+        # the read it times from, so that waited_s is never less than the idleness it waited for
+        # (a graph may otherwise run two timestamps in either order).
+        with tf.control_dependencies([start]):
+            first = self.look(worker)
         no = tf.constant(-1.0, tf.float64)
 
         me = tf.cast(worker, tf.int32)
@@ -199,13 +203,15 @@ class Clocks:
             def body(clocks, gap, idle_since, now, patience, first_gap, low, moved):
                 with tf.control_dependencies([naps.get_next()]):
                     seen = self.look(worker, bound)
+                with tf.control_dependencies([seen.gap, seen.idle]):
                     now = tf.timestamp()
                 idle_since = tf.where(seen.idle, tf.where(idle_since < 0, now, idle_since), no)
                 new_low = floor(seen.clocks, seen.gap)  # progress: the slowest live worker moved on
                 moved = tf.where(tf.not_equal(new_low, low), now, moved)
                 return seen.clocks, seen.gap, idle_since, now, seen.patience, first_gap, new_low, moved
 
-            now = tf.timestamp()
+            with tf.control_dependencies([seen.gap, seen.idle]):
+                now = tf.timestamp()
             arrived = (seen.clocks, seen.gap, tf.where(seen.idle, now, no), now, seen.patience, seen.gap,
                        floor(seen.clocks, seen.gap), now)
             clocks, gap, idle_since, now, patience, first_gap, _, moved = tf.while_loop(waiting, body, arrived)
