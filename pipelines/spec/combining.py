@@ -20,8 +20,9 @@ from pipelines.train.combiners import CombinerError, check_options, resolve_comb
 __all__ = ["Combiner", "CombinerOptions", "COMBINER_DOC", "COMBINER_OPTIONS_DOC"]
 
 COMBINER_DOC = (
-    'How a parameter server merges an update: "plain" (as it is), "staleness_aware" (its gradient weighed by '
-    '1 / (1 + its staleness)), "window_average" (the sample-weighted mean of combine_window updates), "dc_asgd" '
+    'How a parameter server merges an update: "staleness_aware" (the default: its gradient weighed by '
+    '1 / (1 + its staleness), so that a late gradient moves the parameters less), "plain" (as it is), '
+    '"window_average" (the sample-weighted mean of combine_window updates), "dc_asgd" '
     "(delay-compensated: g + lambda * g * g * (parameters now - parameters the worker read)), "
     '"drop_stale" (as plain, but an update more than max_staleness changes stale is dropped, its rows not trained '
     'again), a name registered with pipelines.train.combiners.register, or "package.module:name" (a factory in '

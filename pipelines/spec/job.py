@@ -179,14 +179,14 @@ class TrainingSpec(Strict):
         description="update_mode bounded: the most updates (clocks) a worker may be ahead of the slowest live "
         "worker when it begins one; combiner drop_stale: the most parameter changes an applied update may lag.",
     )
-    combiner: Combiner = Field("plain", description=COMBINER_DOC)
+    combiner: Combiner = Field("staleness_aware", description=COMBINER_DOC)
     combiner_options: CombinerOptions = Field(default_factory=dict)  # after combiner: its check needs the name
     combine_window: int = Field(4, ge=1, le=1000, description="combiner window_average: updates per applied mean.")
-    async_momentum: float = Field(
-        0.9, ge=0, lt=1,
-        description="Parameter-server async and bounded modes with SGD: the servers' momentum (sync mode and a "
-        "single worker use 0.9, as Horovod does). Late updates kept in a high momentum can make the loss "
-        "oscillate (measured by bench/strategies.py).",
+    async_momentum: Annotated[float, Field(ge=0, lt=1)] | Literal["auto"] = Field(
+        "auto",
+        description="Parameter-server async and bounded modes with SGD: the servers' momentum, a number in [0, 1) "
+        "or auto: 0.9 less the momentum that N asynchronous workers add by themselves, 1 - 1/N (0.4 for 2 "
+        "workers, 0.233 for 3, 0 from 10). Sync mode and a single worker use 0.9, as Horovod does.",
     )
     parameter_servers: int = Field(
         1, ge=1, le=16, description="Parameter-server strategy: how many servers the variables are sharded over."

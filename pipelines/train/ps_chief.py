@@ -434,8 +434,18 @@ class Chief(TrainingRun):
 
 def server_momentum(training, workers: int) -> float:
     """The servers' SGD momentum: 0.9, as Horovod mode's, in sync mode or with one worker (so one
-    worker trains exactly as one Horovod rank); ``training.async_momentum`` in async and bounded
-    modes.  (Taking off the momentum asynchrony adds, 1 - 1/N, was measured and lost accuracy.)"""
+    worker trains exactly as one Horovod rank).  In async and bounded modes, a number in
+    ``training.async_momentum`` as it is, or ``"auto"``: 0.9 less the momentum that N workers'
+    asynchrony adds by itself, 1 - 1/N (Mitliagkas et al. 2016, "Asynchrony begets momentum"), never
+    below 0 (docs/ARCHITECTURE.md, "Parameter-server training"; measured by bench/strategies.py)."""
     if training.update_mode == "sync" or workers <= 1:
         return MOMENTUM
+    if training.async_momentum == "auto":
+        return corrected_momentum(workers)
     return float(training.async_momentum)
+
+
+def corrected_momentum(workers: int, target: float = MOMENTUM) -> float:
+    """``target`` less the implicit momentum of ``workers`` asynchronous workers, 1 - 1/N, at least 0:
+    0.4 for 2 workers, 0.233 for 3, 0 from 10."""
+    return round(max(0.0, target - (1.0 - 1.0 / workers)), 6)
