@@ -11,7 +11,8 @@
 #      prefix: [trainer], [bench], [airflow] or [deploy].
 #   2. The tests marked `timing` (they assert on a measured speed or CPU share: a quota-limited rank
 #      is slower, batches follow measured speeds, a 500m pod is planned as the slow device), alone,
-#      after phase 1, so that no other test takes the CPU they measure.
+#      after phase 1, so that no other test takes the CPU they measure.  Only the test modules that
+#      name the mark are given to pytest (timing_tests), so it does not import every module again.
 #
 # Every part runs even when an earlier one fails, so one CI log shows every failure; the exit status
 # is the first failing part's.  TRAINER_TESTS, AIRFLOW_TESTS and PYTEST_OPTS narrow a run as for
@@ -93,10 +94,47 @@ for name in "${streams[@]}"; do
 done
 rm -rf "$ends"
 
+timing_tests() {  # timing_tests TESTS...: those of TESTS that can hold a test marked timing
+  # A test module (test_*.py, *_test.py) that names the mark (`pytest.mark.timing`, a module's
+  # `pytestmark`, `marks=`, `add_marker`), its `::` node ids kept; a conftest.py that names it may
+  # mark a whole folder: that folder, or a file given below it.  So phase 2 imports a handful of
+  # modules, not the ~150 of phase 1.  An argument that is neither a file nor a folder (an option,
+  # a missing path) is passed on as it is, for pytest to use or refuse.
+  local arg path file dir mark='(\bmark\s*\.\s*timing\b|add_marker\([^)]*timing)'
+  for arg in "$@"; do
+    path=${arg%%::*}
+    if [[ -d $path ]]; then
+      grep -rlE --include='*.py' "$mark" "$path" | sort | while read -r file; do
+        case ${file##*/} in
+          conftest.py) dirname "$file" ;;
+          test_*.py | *_test.py) echo "$file" ;;
+        esac
+      done
+    elif [[ -f $path ]]; then
+      dir=$(dirname "$path")
+      while ! grep -qE "$mark" "$path" "$dir/conftest.py" 2>/dev/null && [[ $dir != . && $dir != / ]]; do
+        dir=$(dirname "$dir")
+      done
+      grep -qE "$mark" "$path" "$dir/conftest.py" 2>/dev/null && echo "$arg"
+    else
+      echo "$arg"
+    fi
+  done | awk '!seen[$0]++'
+}
+pytest_timing() {  # pytest_timing VENV TESTS...: the tests marked timing among TESTS, or none to run
+  local venv=$1 files
+  shift
+  mapfile -t files < <(timing_tests "$@")
+  if [[ ${#files[@]} == 0 ]]; then
+    echo "no test marked timing in: $*"
+    return 0
+  fi
+  pytest_in "$venv" timing "${files[@]}"
+}
 # shellcheck disable=SC2086
-PART=timing-trainer run_part "timing tests, trainer (alone)" pytest_in .venv-trainer timing $TRAINER_TESTS
+PART=timing-trainer run_part "timing tests, trainer (alone)" pytest_timing .venv-trainer $TRAINER_TESTS
 # shellcheck disable=SC2086
-PART=timing-airflow run_part "timing tests, Airflow (alone)" pytest_in .venv timing $AIRFLOW_TESTS
+PART=timing-airflow run_part "timing tests, Airflow (alone)" pytest_timing .venv $AIRFLOW_TESTS
 
 total=0 status=0
 echo

@@ -56,14 +56,22 @@ class PublishedRun:
     artifacts: Path
 
 
+# the published run's promotion: a manual approval that nobody answers, rejected at its deadline
+NOBODY_APPROVES = {"mode": "manual", "approval_timeout": "5s"}
+
+
 @pytest.fixture(scope="session")
 def published_run(airflow, deployment_defaults, tmp_path_factory) -> PublishedRun:
-    """One run, shared: ``test_real_airflow`` checks what it published and promoted, ``test_web``
-    serves its pages (a full run costs a minute; the DAG takes one run at a time)."""
+    """One run, shared (a full run costs a minute; the DAG takes one run at a time): triggered with
+    ``job(...)`` and a manual approval nobody answers (:data:`NOBODY_APPROVES`), so it publishes
+    v0001 and the scheduler rejects it at the deadline, promote skipped.  ``test_real_airflow``
+    checks what it published and how its approval ended, ``test_web`` serves its pages; the
+    scheduler's timed run is the one whose promotion is checked."""
     from test_real_airflow import job, trigger, wait_for_run  # the helpers beside this file
 
     artifacts = tmp_path_factory.mktemp("published") / "artifacts"
-    run_id = trigger(airflow, job(deployment_defaults.dataset, artifacts, deployment_defaults.bank))
+    conf = {**job(deployment_defaults.dataset, artifacts, deployment_defaults.bank), "promotion": NOBODY_APPROVES}
+    run_id = trigger(airflow, conf)
     wait_for_run(airflow, run_id)  # its state is the tests' to check
     return PublishedRun(run_id, artifacts)
 

@@ -172,8 +172,11 @@ def test_sync_rounds_over_two_sharded_parameter_servers_follow_each_workers_spee
 @pytest.mark.parametrize("mode", ["async", "bounded"])
 def test_a_killed_worker_is_survived(tmp_path, mode):
     """In bounded mode the chief takes the lost worker out of the clocks' minimum, so the other
-    stops waiting for it."""
-    run = ps_run(tmp_path, epochs=6, update_mode=mode, max_staleness=1)
+    stops waiting for it.  Three epochs are 3 x 38 = 114 updates; the kill comes at the first
+    checkpoint (update 10, 50 ms after the update log appears), so nearly all of them are still to
+    train: in async mode well after the kill, and in bounded mode the bound (s = 1) holds worker 0
+    until the chief has marked worker 1 lost, then it trains the ~100 left alone."""
+    run = ps_run(tmp_path, epochs=3, update_mode=mode, max_staleness=1)
     result, out = start(run, workers=(FAST, FAST), on_start=after_first_checkpoint(run, lambda t: t["worker:1"].kill()))
     assert result.returncode == 0, result.message
     assert "worker worker:1 exited" in out
@@ -182,7 +185,7 @@ def test_a_killed_worker_is_survived(tmp_path, mode):
     assert [w["worker"] for w in lost] == [1]
     applied = sum(u["samples"] for u in updates(run) if u["applied"])
     again = s["parameter_server"]["rescheduled_updates"]  # lost on the way with the worker: trained again
-    assert 6 * 1200 <= applied <= 6 * 1200 + 32 * again  # no row lost with it
+    assert 3 * 1200 <= applied <= 3 * 1200 + 32 * again  # no row lost with it
     if mode == "bounded":  # worker 0 went on far past the lost worker's stopped clock
         clocks = s["parameter_server"]["clocks"]
         assert clocks[0] > clocks[1] + 10, clocks
