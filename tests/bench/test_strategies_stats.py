@@ -10,6 +10,8 @@ import json
 import pytest
 from bench_modules import load_bench
 
+from pipelines.spec import TrainingSpec
+
 
 @pytest.fixture(scope="module")
 def stats():
@@ -216,6 +218,9 @@ def test_each_family_gets_its_rate_at_b_by_linear_scaling():
         rates.family_of("nope")
 
 
+DEFAULT_COMBINER = TrainingSpec.model_fields["combiner"].default  # what a run of the spec's defaults records
+
+
 @pytest.mark.trainer
 def test_auto_picks_by_the_time_to_the_target_learned_from_the_first_seeds_curves(tmp_path):
     auto, rates = load_bench("strategies_auto"), load_bench("strategies_rates")
@@ -230,7 +235,7 @@ def test_auto_picks_by_the_time_to_the_target_learned_from_the_first_seeds_curve
                    "loss_curve": [[s, max(0.45, 2.0 - slope * 2 * s / steps)] for s in range(1, steps + 1)]}
         if ps:
             training.update(strategy="parameter_server", update_mode="async")
-            summary.update(strategy="parameter_server", parameter_server={"update_batch": 64, "combiner": "plain",
+            summary.update(strategy="parameter_server", parameter_server={"update_batch": 64, "combiner": DEFAULT_COMBINER,
                                                                           "max_staleness": 4, **ps})
         summary["ranks"] = [{"rank": i, "device": "default", "batch": b} for i, b in enumerate((64, 64) if ps else (90, 38))]
         (out / "summary.json").write_text(json.dumps(summary))
