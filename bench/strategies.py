@@ -90,23 +90,19 @@ from pipelines.launch.local import Profile, free_ports, launch, launch_ps  # noq
 from pipelines.launch.tfconfig import cluster_spec  # noqa: E402
 from pipelines.spec import TrainingSpec  # noqa: E402
 from pipelines.sync.balance import split_proportional  # noqa: E402
-from pipelines.train.ps_chief import corrected_momentum  # noqa: E402
+from pipelines.train.ps_chief import server_momentum  # noqa: E402
 
 CONFIGURATIONS = ("horovod_equal", "horovod_balanced", "ps_async", "ps_bounded", "ps_sync")
 PS_MODES = {"ps_async": "async", "ps_bounded": "bounded", "ps_sync": "sync"}
 
 
 def momentum_arg(value: str) -> float | str:
-    """``--async-momentum``: ``auto`` or a number in [0, 1)."""
-    if value == "auto":
-        return value
+    """``--async-momentum``: what ``training.async_momentum`` accepts (``auto`` or a number in [0, 1)),
+    checked by the spec itself."""
     try:
-        number = float(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number or auto: {value!r}") from None
-    if not 0 <= number < 1:
-        raise argparse.ArgumentTypeError(f"must be in [0, 1) or auto, got {value}")
-    return number
+        return TrainingSpec(async_momentum=value).async_momentum
+    except ValueError:  # pydantic's ValidationError
+        raise argparse.ArgumentTypeError(f"must be in [0, 1) or auto, got {value!r}") from None
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -132,11 +128,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--standalone-steps", type=int, default=40, help="steps of each standalone run (default: %(default)s)")
     p.add_argument("--model", default='{"name": "small_cnn", "kwargs": {"filters": [64, 128]}}',
                    help="the job spec's model, as JSON (default: the demo's, %(default)s)")
-    p.add_argument("--async-momentum", type=momentum_arg, default="auto",
+    p.add_argument("--async-momentum", type=momentum_arg, default=TrainingSpec.model_fields["async_momentum"].default,
                    help="training.async_momentum: a number, or auto, the job spec's default: 0.9 less the momentum "
                    "N workers' asynchrony adds, 1 - 1/N (default: %(default)s)")
-    p.add_argument("--combiner", default="staleness_aware",
-                   help="the parameter server's combiner; the job spec's default is staleness_aware (default: %(default)s)")
+    p.add_argument("--combiner", default=TrainingSpec.model_fields["combiner"].default,
+                   help="the parameter server's combiner (default: the job spec's, %(default)s)")
     p.add_argument("--only", default="", help="comma-separated configurations to run (default: all)")
     seeds = p.add_mutually_exclusive_group()
     seeds.add_argument("--seeds", type=int, default=None, help="train every configuration with seeds 1..N (default: 3)")
@@ -426,7 +422,8 @@ def main(argv: list[str] | None = None) -> int:
         auto_curves_recorded=auto and auto["curves_recorded"],
         auto_agreement=agreement["per_seed"], auto_picks_faster_to_accuracy=agreement["all"],
         quota_enforced=all(bench.quota), combiner=args.combiner, async_momentum=args.async_momentum,
-        async_momentum_applied=args.async_momentum if args.async_momentum != "auto" else corrected_momentum(args.workers),
+        async_momentum_applied=server_momentum(TrainingSpec(update_mode="async", async_momentum=args.async_momentum),
+                                               args.workers),
         learning_rate=args.learning_rate if args.rates == "fixed" else None, rows=args.rows, epochs=args.epochs,
         global_batch=args.global_batch, slow_share=args.slow_share,
         medium_share=args.medium_share if args.workers == 3 else None, target_loss=args.target_loss, per_seed=per_seed)
