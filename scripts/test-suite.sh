@@ -10,9 +10,14 @@
 #      waits on the scheduler, on pods, on process starts).  Their output is streamed with a
 #      prefix: [trainer], [bench], [airflow] or [deploy].
 #   2. The tests marked `timing` (they assert on a measured speed or CPU share: a quota-limited rank
-#      is slower, batches follow measured speeds, a 500m pod is planned as the slow device), alone,
-#      after phase 1, so that no other test takes the CPU they measure.  Only the test modules that
-#      name the mark are given to pytest (timing_tests), so it does not import every module again.
+#      is slower, batches follow measured speeds, a 500m pod is planned as the slow device), one
+#      suite after the other, never beside another timing test.  Only the test modules that name
+#      the mark are given to pytest (timing_tests), so it does not import every module again.
+#      Where a cpu cgroup controller can be written (root), they run from the start, beside phase 1,
+#      and phase 1 runs in a group of the least CPU weight (HETERO_CGROUP_PARENT puts its ranks'
+#      quota groups there too): the kernel gives the timing tests the CPU whenever they want it, as
+#      if they ran alone, and phase 1 takes what they leave (they leave half of it: they wait on
+#      quota-limited ranks and pods).  Elsewhere they run after phase 1, alone.
 #
 # Every part runs even when an earlier one fails, so one CI log shows every failure; the exit status
 # is the first failing part's.  TRAINER_TESTS, AIRFLOW_TESTS and PYTEST_OPTS narrow a run as for
@@ -53,46 +58,49 @@ pytest_in() {  # pytest_in VENV MARK TESTS...: exit 5 (nothing collected) counts
 run_part "set-up: Airflow environment" scripts/setup-env.sh airflow || exit $?
 run_part "set-up: trainer environment" scripts/setup-env.sh trainer || exit $?
 
-echo "== phase 1: the trainer and Airflow suites side by side (all but the timing tests)"
-ends=$(mktemp -d)
+ends=$(mktemp -d)  # each concurrent part's "seconds exit-code", by name
+background_group() {  # a cpu cgroup of the least weight for phase 1, or nothing where none can be made
+  local base version=1
+  if [[ -f /sys/fs/cgroup/cpu/cpu.shares ]]; then base=/sys/fs/cgroup/cpu
+  elif [[ -f /sys/fs/cgroup/cgroup.controllers ]] && grep -qw cpu /sys/fs/cgroup/cgroup.controllers; then
+    base=/sys/fs/cgroup version=2
+  else return 1
+  fi
+  local group=$base/hetero-make-test-$$
+  {
+    [[ $version == 1 ]] || grep -qw cpu "$base/cgroup.subtree_control" || echo +cpu > "$base/cgroup.subtree_control"
+    mkdir -p "$group" && if [[ $version == 1 ]]; then echo 2 > "$group/cpu.shares"; else echo 1 > "$group/cpu.weight"; fi
+    # v2 lets a group with a controller on for its children hold no process: the suites go in a leaf
+    [[ $version == 1 ]] || echo +cpu > "$group/cgroup.subtree_control"
+    mkdir -p "$group/suites" "$group/ranks"
+  } 2>/dev/null || { rmdir "$group/suites" "$group/ranks" "$group" 2>/dev/null; return 1; }
+  echo "$group"
+}
 side() {  # side NAME VENV TESTS...: one suite of phase 1, its lines prefixed, its end time and code kept
   local name=$1 venv=$2 start code
   shift 2
+  if [[ -n $bg ]]; then  # this subshell and all it starts: the low-weight group, its ranks' groups below it
+    echo "$BASHPID" > "$bg/suites/cgroup.procs"
+    export HETERO_CGROUP_PARENT=${bg##*/}/ranks  # the group lies right under the controller's root
+  fi
   start=$(date +%s)
   PART=$name pytest_in "$venv" "not timing" "$@" 2>&1 | sed -u "s/^/[$name] /"
   code=${PIPESTATUS[0]}
   echo "$(($(date +%s) - start)) $code" > "$ends/$name"
 }
-if [[ $TRAINER_TESTS == "$DEFAULT_TRAINER_TESTS" ]]; then  # the default set: the benchmarks' smoke tests apart
-  side trainer .venv-trainer tests/unit tests/integration/trainer &
-  side bench .venv-trainer tests/bench &
-  streams=(trainer bench)
-else
+timing() {  # the timing tests of both suites, one after the other
+  local start code
+  start=$(date +%s)
   # shellcheck disable=SC2086
-  side trainer .venv-trainer $TRAINER_TESTS &
-  streams=(trainer)
-fi
-if [[ $AIRFLOW_TESTS == "$DEFAULT_AIRFLOW_TESTS" ]]; then  # the default set: the deployment's tests apart
-  side airflow .venv tests/dags tests/k8s tests/cluster &
-  side deploy .venv tests/integration/airflow &
-  streams+=(airflow deploy)
-else
+  PART=timing-trainer pytest_timing .venv-trainer $TRAINER_TESTS 2>&1 | sed -u "s/^/[timing-trainer] /"
+  code=${PIPESTATUS[0]}
+  echo "$(($(date +%s) - start)) $code" > "$ends/timing-trainer"
+  start=$(date +%s)
   # shellcheck disable=SC2086
-  side airflow .venv $AIRFLOW_TESTS &
-  streams+=(airflow)
-fi
-wait
-for name in "${streams[@]}"; do
-  read -r took code < "$ends/$name" || { took=0 code=1; }
-  case $name in
-    deploy) label="Airflow suite: real deployment" ;;
-    airflow) label="Airflow suite: DAGs, Kubernetes" ;;
-    bench) label="trainer suite: benchmarks" ;;
-    *) label="$name suite" ;;
-  esac
-  parts+=("$label") secs+=("$took") codes+=("$code")
-done
-rm -rf "$ends"
+  PART=timing-airflow pytest_timing .venv $AIRFLOW_TESTS 2>&1 | sed -u "s/^/[timing-airflow] /"
+  code=${PIPESTATUS[0]}
+  echo "$(($(date +%s) - start)) $code" > "$ends/timing-airflow"
+}
 
 timing_tests() {  # timing_tests TESTS...: those of TESTS that can hold a test marked timing
   # A test module (test_*.py, *_test.py) that names the mark (`pytest.mark.timing`, a module's
@@ -131,14 +139,58 @@ pytest_timing() {  # pytest_timing VENV TESTS...: the tests marked timing among 
   fi
   pytest_in "$venv" timing "${files[@]}"
 }
-# shellcheck disable=SC2086
-PART=timing-trainer run_part "timing tests, trainer (alone)" pytest_timing .venv-trainer $TRAINER_TESTS
-# shellcheck disable=SC2086
-PART=timing-airflow run_part "timing tests, Airflow (alone)" pytest_timing .venv $AIRFLOW_TESTS
+bg=$(background_group) || bg=
+if [[ -n $bg ]]; then
+  echo "== phase 1 in the low-weight cgroup $bg, the timing tests beside it at full weight"
+else
+  echo "== no writable cpu cgroup controller: the timing tests run after phase 1, alone"
+fi
+echo "== phase 1: the trainer and Airflow suites side by side (all but the timing tests)"
+if [[ $TRAINER_TESTS == "$DEFAULT_TRAINER_TESTS" ]]; then  # the default set: the benchmarks' smoke tests apart
+  side trainer .venv-trainer tests/unit tests/integration/trainer &
+  side bench .venv-trainer tests/bench &
+  streams=(trainer bench)
+else
+  # shellcheck disable=SC2086
+  side trainer .venv-trainer $TRAINER_TESTS &
+  streams=(trainer)
+fi
+if [[ $AIRFLOW_TESTS == "$DEFAULT_AIRFLOW_TESTS" ]]; then  # the default set: the deployment's tests apart
+  side airflow .venv tests/dags tests/k8s tests/cluster &
+  side deploy .venv tests/integration/airflow &
+  streams+=(airflow deploy)
+else
+  # shellcheck disable=SC2086
+  side airflow .venv $AIRFLOW_TESTS &
+  streams+=(airflow)
+fi
+if [[ -n $bg ]]; then
+  echo "== phase 2: the timing tests, beside phase 1"
+  timing &
+  wait
+else
+  wait
+  echo "== phase 2: the timing tests, alone"
+  timing
+fi
+[[ -z $bg ]] || rmdir "$bg/suites" "$bg/ranks" "$bg" 2>/dev/null || echo "(cgroup $bg left: a process of the suites lives on)"
+for name in "${streams[@]}" timing-trainer timing-airflow; do
+  read -r took code < "$ends/$name" || { took=0 code=1; }
+  case $name in
+    deploy) label="Airflow suite: real deployment" ;;
+    airflow) label="Airflow suite: DAGs, Kubernetes" ;;
+    bench) label="trainer suite: benchmarks" ;;
+    timing-trainer) label="timing tests, trainer" ;;
+    timing-airflow) label="timing tests, Airflow" ;;
+    *) label="$name suite" ;;
+  esac
+  parts+=("$label") secs+=("$took") codes+=("$code")
+done
+rm -rf "$ends"
 
 total=0 status=0
 echo
-echo "make test: time of each part (the suites of phase 1 ran at the same time)"
+echo "make test: time of each part (the suites of phase 1 ran at the same time; the timing tests beside them where cgroups allowed)"
 for i in "${!parts[@]}"; do
   result=ok
   [[ ${codes[$i]} == 0 ]] || result="FAILED (exit ${codes[$i]})"

@@ -21,7 +21,11 @@ log = logging.getLogger(__name__)
 
 CGROUP_ROOT = Path(os.environ.get("HETERO_CGROUP_ROOT", "/sys/fs/cgroup"))
 PERIOD_US = 100_000  # the kubelet's CFS period (what a pod's CPU limit gets); local default too
-GROUP_PREFIX = "hetero-pipelines"
+# The folder, under the cpu controller's root, that holds every job's groups.  A deployment whose
+# worker may only write below a delegated group (a systemd slice, a container's own group), or that
+# gives the pipeline's ranks a CPU weight of their own against its other work, names that group
+# here (make test runs its background suites below a low-weight group this way).
+GROUP_PREFIX = os.environ.get("HETERO_CGROUP_PARENT", "hetero-pipelines").strip("/") or "hetero-pipelines"
 
 
 class CpuLimiter:
@@ -50,6 +54,11 @@ class CpuLimiter:
     def available(self) -> bool:
         return self.base is not None
 
+    @property
+    def job_dir(self) -> Path | None:
+        """The job's group, which holds one group per rank (None without a cpu controller)."""
+        return None if self.base is None else self.base / GROUP_PREFIX / self.job
+
     def limit(self, pid: int, name: str, cpu_share: float, cpus: list[int] | None = None,
               period_us: int = PERIOD_US) -> bool:
         """Pin ``pid`` to ``cpus`` and cap it at ``cpu_share`` CPUs.  True if the quota is enforced."""
@@ -61,7 +70,7 @@ class CpuLimiter:
         if self.base is None:
             self._warn(f"no writable cpu cgroup controller under {self.root}")
             return False
-        group = self.base / GROUP_PREFIX / self.job / name
+        group = self.job_dir / name
         try:
             if self.version == 2:
                 self._enable_v2_cpu(group)
@@ -77,7 +86,7 @@ class CpuLimiter:
 
     def set_share(self, name: str, cpu_share: float, period_us: int = PERIOD_US) -> None:
         """Change a running rank's quota (used to show re-balancing)."""
-        group = self.base / GROUP_PREFIX / self.job / name
+        group = self.job_dir / name
         period_us = period_for(cpu_share, period_us)
         self._write_quota(group, quota_us(cpu_share, period_us), period_us)
 
@@ -117,10 +126,9 @@ class CpuLimiter:
                 group.rmdir()
             except OSError:
                 pass
-        if self.base is not None:
-            job_dir = self.base / GROUP_PREFIX / self.job
+        if self.job_dir is not None:
             try:
-                job_dir.rmdir()
+                self.job_dir.rmdir()
             except OSError:
                 pass
         self.groups.clear()

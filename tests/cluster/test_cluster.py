@@ -363,7 +363,7 @@ def test_stopping_the_cluster_leaves_no_process_and_no_cgroup(tmp_path):
     cluster.stop()
     assert not any(alive(p) for p in pids) and cluster.leftover_pids() == []
     if limiter.available:
-        assert not (limiter.base / "hetero-pipelines" / limiter.job).exists()
+        assert limiter.job_dir.parent.is_dir() and not limiter.job_dir.exists()
 
 
 def kpo(name: str, code: str, conn_id: str):
