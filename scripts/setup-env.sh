@@ -60,13 +60,24 @@ if [[ $which_env == trainer ]]; then
   py_tag=$("$venv/bin/python" -c 'import sys; print(f"cp{sys.version_info[0]}{sys.version_info[1]}")')
   wheel_dir=$CACHE/wheels/horovod-$HOROVOD_VERSION-tf$tf_version-$py_tag
   if ! ls "$wheel_dir"/horovod-*.whl >/dev/null 2>&1; then
-    echo "compiling horovod $HOROVOD_VERSION against TensorFlow $tf_version (one to two minutes on 2 cores)"
+    echo "compiling horovod $HOROVOD_VERSION against TensorFlow $tf_version (about a minute and a half on 2 cores)"
     tmp=$(mktemp -d)
+    # Horovod's setup.py always builds RelWithDebInfo (-O3 -g).  The debug information makes the
+    # compile about 45% longer (122 s against 84 s on 2 cores) and the library 16 MB instead of 1 MB,
+    # and nothing here reads it: the compilers are called through wrappers that drop -g (CXXFLAGS
+    # cannot, CMake puts the build type's -g after them).  The code is the same -O3 build.
+    mkdir "$tmp/cc"
+    for compiler in gcc g++; do
+      printf '#!/bin/bash\nargs=()\nfor a in "$@"; do [[ $a == -g ]] || args+=("$a"); done\nexec %s "${args[@]}"\n' \
+        "$(command -v $compiler)" > "$tmp/cc/$compiler"
+      chmod +x "$tmp/cc/$compiler"
+    done
+    CC=$tmp/cc/gcc CXX=$tmp/cc/g++ \
     HOROVOD_WITH_TENSORFLOW=1 HOROVOD_WITH_GLOO=1 HOROVOD_WITHOUT_MPI=1 \
     HOROVOD_WITHOUT_PYTORCH=1 HOROVOD_WITHOUT_MXNET=1 MAKEFLAGS=-j"$(nproc)" \
       "$venv/bin/pip" wheel --quiet --no-build-isolation --no-deps --no-cache-dir \
         "horovod==$HOROVOD_VERSION" -w "$tmp"
-    mkdir -p "$wheel_dir" && mv "$tmp"/horovod-*.whl "$wheel_dir"/ && rmdir "$tmp"
+    mkdir -p "$wheel_dir" && mv "$tmp"/horovod-*.whl "$wheel_dir"/ && rm -r "$tmp"
   fi
   "$UV" pip install --quiet --compile-bytecode --python "$venv/bin/python" --no-deps "$wheel_dir"/horovod-*.whl
   check=$(TF_CPP_MIN_LOG_LEVEL=3 "$venv/bin/horovodrun" --check-build 2>&1)
