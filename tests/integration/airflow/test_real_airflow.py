@@ -11,6 +11,7 @@ starts is stopped at the end, even when a test fails.  The session prints how lo
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import json
 import os
@@ -320,15 +321,21 @@ def test_killing_a_training_task_stops_its_ranks_and_the_retry_finishes_the_run(
     run_id = trigger(airflow, job(dataset, artifacts, bank, epochs=10))
     run_dir = RunDir.for_run(str(artifacts), DAG, run_id).root
 
-    def training():  # the plan's ranks, past their first epoch's checkpoint
+    def training():  # the plan's ranks, past their first epoch's checkpoint, not yet done
         ranks = train_ranks(run_id, 1)
-        if not ranks or not (run_dir / "train" / "checkpoints" / "checkpoint").exists():
+        train = run_dir / "train"
+        if not ranks or not (train / "checkpoints" / "checkpoint").exists() or (train / "result.json").exists():
             return None
         planned = json.loads((run_dir / "estimate" / "plan.json").read_text())["ranks"]
         return len(ranks) == len(planned) and ranks  # one or two ranks, as the estimate measured
 
     ranks = airflow.wait(training, RUN_TIMEOUT, f"the ranks of {run_id}'s train task to save a checkpoint "
                          f"({task_states(airflow, run_id)})", every=0.2)
+    # Freeze the ranks where they are, so the kill lands mid-training however slowly this test runs
+    # (on a busy machine the ranks once finished all ten epochs before it did).  A stopped process
+    # keeps the parent-death SIGTERM pending; it is delivered, as it would have been, at SIGCONT.
+    for pid in ranks:
+        os.kill(pid, signal.SIGSTOP)
     (stage,) = {parent(pid) for pid in ranks}  # the stage process launched the ranks
     task = parent(stage)
     ti = task_instances(airflow, run_id)["train"]
@@ -336,6 +343,10 @@ def test_killing_a_training_task_stops_its_ranks_and_the_retry_finishes_the_run(
     assert cmdline(task) == f"airflow worker -- {ti['id']}", cmdline(task)
     os.kill(task, signal.SIGKILL)
     killed = time.monotonic()
+    airflow.wait(lambda: not alive(task), 30, "the killed task process to end", every=0.1)
+    for pid in ranks:
+        with contextlib.suppress(ProcessLookupError):  # the stage may have SIGKILLed it already
+            os.kill(pid, signal.SIGCONT)
     airflow.wait(lambda: not any(alive(p) for p in [task, stage, *ranks]), 60,
                  "the killed task's stage process and ranks to end", every=0.2)
     NOTES.append(f"the killed train task's stage and ranks ended within {time.monotonic() - killed:.1f} s")
@@ -351,7 +362,7 @@ def test_killing_a_training_task_stops_its_ranks_and_the_retry_finishes_the_run(
     assert "Process terminated by signal" in task_log(airflow, run_id, "train", 1)
     assert "of an earlier try" not in task_log(airflow, run_id, "train", 2)
     train = result(airflow, run_id, "train")  # the retry went on from the killed try's checkpoint
-    assert train["epochs"] == 10 and train["resumed_from_step"] > 0, train
+    assert train["epochs"] == 10 and train["resumed_from_step"] > 0, (train, task_log(airflow, run_id, "train", 2)[-6000:])
     assert result(airflow, run_id, "publish")["version"] == "v0001"
     waited = dt.datetime.fromisoformat(tries[1]["start_date"]) - dt.datetime.fromisoformat(tries[0]["end_date"])
     assert waited.total_seconds() > 0

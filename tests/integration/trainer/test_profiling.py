@@ -68,6 +68,7 @@ def test_profile_refuses_an_unknown_device_type_before_starting(tmp_path):
     assert not (tmp_path / "bank").exists()
 
 
+@pytest.mark.timing  # 8 MB must measure slower than 4 KB: a starved rank could invert them
 def test_the_allreduce_probe_stores_the_pools_link(tmp_path):
     from pipelines.spec import load_pool
     from pipelines.stores.profile_bank import ProfileBank, pool_key
