@@ -57,13 +57,15 @@ def prepare(work: Path, rows: int, seed: int) -> Path:
     return run
 
 
-def write_spec(run: Path, global_batch: int, epochs: int, **training) -> Path:
-    """The run's job spec; ``training`` adds or overrides fields of its ``training`` section."""
+def write_spec(run: Path, global_batch: int, epochs: int, model: dict | None = None, **training) -> Path:
+    """The run's job spec: the job's default model unless ``model`` (the spec's ``model`` section)
+    says otherwise; ``training`` adds or overrides fields of its ``training`` section."""
     spec = {
         "dataset": {"uri": str(run.parent / "data")},
         "training": {"epochs": epochs, "global_batch": global_batch, "learning_rate": 0.02,
                      "reference_batch": global_batch, "warmup_epochs": 0, "seed": 1, **training},
         "artifact_root": str(run.parent),
+        **({"model": model} if model else {}),
     }
     path = run / "spec.json"
     path.write_text(json.dumps(spec))
@@ -180,6 +182,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--slow-share", type=float, default=0.4, help="CPU quota of the slow device (default: %(default)s)")
     p.add_argument("--slow-period-ms", type=float, default=100.0,
                    help="CFS period of the slow device's quota (default: %(default)s, the kubelet's)")
+    p.add_argument("--model", type=json.loads, default=None,
+                   help='the job spec\'s model section as JSON, e.g. \'{"name": "tiny_mlp"}\' (default: the job\'s default model)')
     p.add_argument("--keep", action="store_true", help="keep the work folder")
     return p.parse_args(argv)
 
@@ -229,6 +233,7 @@ def summary_line(rounds: list[dict[str, dict]], args) -> dict:
     line = {n: round(statistics.median(f[n] for f in per_round), 3) for n in per_round[0]}
     line.update({
         "global_batch": args.global_batch,
+        "model": args.model or "the job's default",
         "slow_period_ms": args.slow_period_ms,
         "rounds": len(rounds),
         "spread": {n: [round(min(f[n] for f in per_round), 3), round(max(f[n] for f in per_round), 3)] for n in per_round[0]},
@@ -252,7 +257,7 @@ def main() -> int:
         run = prepare(work, args.rows, seed=0)
         steps_needed = args.warmup + max(args.steps, args.tune_steps)
         epochs = max(1, -(-steps_needed * args.global_batch // int(args.rows * 0.95)))
-        write_spec(run, args.global_batch, epochs)
+        write_spec(run, args.global_batch, epochs, model=args.model)
         # The machine's speed drifts (a shared host). Every round runs the seven configurations back
         # to back and then again in reverse order (A B C ... C B A), so a drift that is steady over
         # the round adds the same to both runs of each configuration and cancels in the ratios;

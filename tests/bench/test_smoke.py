@@ -77,7 +77,7 @@ def test_checkpoint():
 
 def test_hetero():
     line = run_bench("hetero.py", "--rows", 2000, "--global-batch", 64, "--steps", 10, "--warmup", 5, "--window", 5,
-                     "--rounds", 1, "--no-reverse", "--tune-steps", 10, "--slow-share", 1.0)
+                     "--rounds", 1, "--no-reverse", "--tune-steps", 10, "--slow-share", 1.0, "--model", '{"name": "tiny_mlp"}')
     ratios = {"balanced_vs_equal", "balanced_vs_ideal", "balanced_vs_side_by_side", "scaling_efficiency", "speed_ratio"}
     has_keys(line, ratios | {"spread", "samples_per_sec", "balanced_batches", "global_batch", "slow_period_ms", "rounds",
                              "quota_enforced", "cpu_count"})
@@ -89,6 +89,7 @@ def test_hetero():
                                              "one_full", "two_full"}
     assert all(number(v, 1) for v in line["samples_per_sec"].values()), line["samples_per_sec"]
     assert line["rounds"] == 1 and line["global_batch"] == 64 and sum(line["balanced_batches"][0]) == 64
+    assert line["model"] == {"name": "tiny_mlp"}
     assert isinstance(line["quota_enforced"], bool) and line["cpu_count"] >= 1
 
 
