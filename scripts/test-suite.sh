@@ -2,13 +2,13 @@
 # `make test`: build both environments if needed, then the whole suite in two phases, then how long
 # each part took.
 #
-#   1. The trainer suite (.venv-trainer) and the Airflow suite (.venv) at the same time, each in two
-#      processes: the benchmarks' smoke tests (tests/bench) apart from the rest of the trainer suite,
-#      the real deployment's tests (tests/integration/airflow, mostly waits on its scheduler and
-#      task processes) apart from the rest (DAGs, Kubernetes, the test cluster).  They share
-#      nothing but the machine, and on 2 cores one suite alone leaves much of the CPU idle (it
-#      waits on the scheduler, on pods, on process starts).  Their output is streamed with a
-#      prefix: [trainer], [bench], [airflow] or [deploy].
+#   1. The trainer suite (.venv-trainer) and the Airflow suite (.venv) at the same time, in three and
+#      two processes: the unit tests, the trainer's integration tests and the benchmarks' smoke
+#      tests (tests/bench) apart; the real deployment's tests (tests/integration/airflow, mostly
+#      waits on its scheduler and task processes) apart from the rest (DAGs, Kubernetes, the test
+#      cluster).  They share nothing but the machine, and on 2 cores one suite alone leaves much of
+#      the CPU idle (it waits on the scheduler, on pods, on process starts).  Their output is streamed with a
+#      prefix: [unit], [trainer], [bench], [airflow] or [deploy].
 #   2. The tests marked `timing` (they assert on a measured speed or CPU share: a quota-limited rank
 #      is slower, batches follow measured speeds, a 500m pod is planned as the slow device), one
 #      suite after the other, never beside another timing test.  Only the test modules that name
@@ -147,9 +147,10 @@ else
 fi
 echo "== phase 1: the trainer and Airflow suites side by side (all but the timing tests)"
 if [[ $TRAINER_TESTS == "$DEFAULT_TRAINER_TESTS" ]]; then  # the default set: the benchmarks' smoke tests apart
-  side trainer .venv-trainer tests/unit tests/integration/trainer &
+  side unit .venv-trainer tests/unit &
+  side trainer .venv-trainer tests/integration/trainer &
   side bench .venv-trainer tests/bench &
-  streams=(trainer bench)
+  streams=(unit trainer bench)
 else
   # shellcheck disable=SC2086
   side trainer .venv-trainer $TRAINER_TESTS &
@@ -180,6 +181,8 @@ for name in "${streams[@]}" timing-trainer timing-airflow; do
     deploy) label="Airflow suite: real deployment" ;;
     airflow) label="Airflow suite: DAGs, Kubernetes" ;;
     bench) label="trainer suite: benchmarks" ;;
+    unit) label="trainer suite: unit tests" ;;
+    trainer) label="trainer suite: integration" ;;
     timing-trainer) label="timing tests, trainer" ;;
     timing-airflow) label="timing tests, Airflow" ;;
     *) label="$name suite" ;;
