@@ -4,7 +4,8 @@
 Layout under the store's URI (a local path, or ``s3://``, ``gs://``, ``hdfs://`` through
 ``pyarrow.fs``)::
 
-    <store>/<model name>/v0001/claim.json      which run made the version (written first)
+    <store>/<model name>/v0001/claims/        one candidate per run asking for the number
+                              /claim.json      which run won the number (before any file)
                               /saved_model/     the SavedModel (raw features in, logits out)
                               /checkpoint/      the final training checkpoint
                               /model.weights.h5 the weights, for warm starts
@@ -14,8 +15,17 @@ Layout under the store's URI (a local path, or ``s3://``, ``gs://``, ``hdfs://``
 A version is visible only once ``metadata.json`` exists, and that is one object written after
 every file of the version, so a half-copied version is never seen, on object stores too.  The
 claim lets a retry of the same run find its own version and finish it instead of making a
-second one.  Versions are numbered in order of publication; one run of the DAG at a time
-(``max_active_runs=1``) keeps two runs from claiming the same number.
+second one.  Versions are numbered in order of publication.
+
+Two runs may publish at once (a backfill runs several at a time), and neither an object store nor
+``pyarrow.fs`` has an atomic "create if absent".  So a number is claimed in two steps that hold on
+any store whose writes are seen by later listings (local disks, S3, GCS): a run writes its own
+candidate file under ``claims/`` and then lists that folder; it wins the number only if its own
+candidate is the only one there, and only then writes ``claim.json``.  Of two runs, at most one can
+see only itself (each wrote before it listed), so two never win the same number; a run that sees
+another candidate withdraws its own, waits a random moment and tries again.  If both withdrew, the
+number is taken again by the next try; a run that stopped between its candidate and
+``claim.json`` leaves that number skipped.
 
 Only pyarrow is imported (inside the functions): the trainer environment's stages use this.
 """
@@ -25,7 +35,9 @@ from __future__ import annotations
 import datetime as dt
 import json
 import os
+import random
 import re
+import time
 import uuid
 from pathlib import Path
 from typing import Any
@@ -34,6 +46,8 @@ from pipelines.errors import StageError
 
 VERSION = re.compile(r"^v(\d{4,})$")
 CLAIM, METADATA, POINTER = "claim.json", "metadata.json", "PROMOTED.json"
+CANDIDATES = "claims"  # a version's folder of candidate claims, one file per run asking for it
+CLAIM_TRIES = 30  # tries at a number before publishing gives up (each collision waits 0.05-0.5 s more)
 WEIGHTS = "model.weights.h5"  # a version's weights, what a warm start loads (pipelines.train.warm)
 
 
@@ -130,11 +144,44 @@ class ModelStore:
         return None
 
     def _claim(self, name: str, run_key: str) -> str:
+        """A new version number for ``run_key``, claimed against other runs publishing at the same
+        time (the module's docstring says how)."""
+        for attempt in range(CLAIM_TRIES):
+            version = self._next_number(name)
+            if self._try_claim(name, version, run_key):
+                return version
+            time.sleep(random.uniform(0.05, 0.5) * (1 + attempt))  # apart, so one of them wins the next try
+        raise StageError(f"model store {self.uri}: could not claim a version number of {name} in {CLAIM_TRIES} tries: "
+                         "other runs kept claiming the same numbers")
+
+    def _candidates(self, name: str, version: str) -> list[str]:
+        import pyarrow.fs as pafs
+
+        selector = pafs.FileSelector(f"{self.model_dir(name)}/{version}/{CANDIDATES}", allow_not_found=True)
+        return sorted(i.base_name for i in self.fs.get_file_info(selector)
+                      if i.type == pafs.FileType.File and i.base_name.endswith(".json"))
+
+    def _next_number(self, name: str) -> str:
+        """The highest number again if nobody holds it (every candidate withdrew), else the next."""
         numbers = self._numbers(name)
-        version = f"v{(numbers[-1][0] + 1) if numbers else 1:04d}"
-        self.fs.create_dir(f"{self.model_dir(name)}/{version}", recursive=True)
-        self._write_json(f"{self.model_dir(name)}/{version}/{CLAIM}", {"run_key": run_key, "claimed_at": _now()})
-        return version
+        if numbers:
+            last = numbers[-1][1]
+            if self._read_json(f"{self.model_dir(name)}/{last}/{CLAIM}") is None and not self._candidates(name, last):
+                return last
+        return f"v{(numbers[-1][0] + 1) if numbers else 1:04d}"
+
+    def _try_claim(self, name: str, version: str, run_key: str) -> bool:
+        """Write this run's candidate for ``version``, then list the candidates: the number is won
+        only when this one is alone there (then ``claim.json`` is written); else it is withdrawn."""
+        base = f"{self.model_dir(name)}/{version}"
+        self.fs.create_dir(f"{base}/{CANDIDATES}", recursive=True)
+        mine = f"{uuid.uuid4().hex}.json"
+        self._write_json(f"{base}/{CANDIDATES}/{mine}", {"run_key": run_key, "asked_at": _now()})
+        if self._candidates(name, version) == [mine] and self._read_json(f"{base}/{CLAIM}") is None:
+            self._write_json(f"{base}/{CLAIM}", {"run_key": run_key, "claimed_at": _now()})
+            return True
+        self.fs.delete_file(f"{base}/{CANDIDATES}/{mine}")
+        return False
 
     def publish(self, name: str, files: dict[str, str | os.PathLike], metadata: dict[str, Any], run_key: str) -> dict[str, Any]:
         """Copy ``files`` (name in the version -> local file or folder) into a new version of

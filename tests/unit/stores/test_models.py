@@ -83,3 +83,58 @@ def test_missing_sources_and_unusable_stores_are_named(tmp_path, model_files):
         store.publish("cnn", {**model_files, "checkpoint/ckpt-1.index": tmp_path / "nope"}, {}, run_key="k")
     with pytest.raises(StageError, match="model_store 'nosuch://bucket/models': cannot open it"):
         ModelStore("nosuch://bucket/models")
+
+
+def _publish_at_once(store_uri: str, model_files: dict, process: int, start, results) -> None:
+    """Three runs' publishes, one after the other, in a process of its own started with the others
+    (``start`` barrier)."""
+    store = ModelStore(store_uri)
+    start.wait()
+    for j in range(3):
+        key = f"run-{process}-{j}"
+        results.put((key, store.publish("cnn", model_files, {"run_id": key}, run_key=key)["version"]))
+
+
+def test_runs_publishing_at_once_each_get_a_version_of_their_own(tmp_path, model_files):
+    """Six processes publish three runs each, all at the same time (a backfill runs several runs at
+    a time): 18 versions, each holding its own run's files and metadata; a retry of any run returns
+    the version it made.  (Before claims had candidates, two runs could take one number.)"""
+    import multiprocessing
+
+    ctx = multiprocessing.get_context("fork")
+    start, results = ctx.Barrier(6), ctx.Queue()
+    uri = str(tmp_path / "store")
+    procs = [ctx.Process(target=_publish_at_once, args=(uri, model_files, i, start, results)) for i in range(6)]
+    for p in procs:
+        p.start()
+    got = dict(results.get(timeout=120) for _ in range(18))
+    for p in procs:
+        p.join(60)
+        assert p.exitcode == 0
+    assert len(set(got.values())) == 18, got  # no two runs in one version
+    store = ModelStore(uri)
+    metas = {m["version"]: m for m in store.versions("cnn")}
+    assert set(metas) == set(got.values())
+    assert all(metas[v]["run_id"] == key == metas[v]["run_key"] for key, v in got.items())
+    for key, version in got.items():  # each claim names its own run, and a retry finds it
+        assert json.loads((tmp_path / "store" / "cnn" / version / "claim.json").read_text())["run_key"] == key
+        assert store.publish("cnn", model_files, {"run_id": key}, run_key=key)["version"] == version
+
+
+def test_a_number_every_candidate_withdrew_from_is_taken_again_and_a_held_one_is_not(tmp_path, model_files):
+    store = ModelStore(str(tmp_path / "store"))
+    store.publish("cnn", model_files, {"run_id": "r1"}, run_key="k1")
+    # two runs asked for v0002 at once and both withdrew: the folder is there, nobody holds it
+    (tmp_path / "store" / "cnn" / "v0002" / "claims").mkdir(parents=True)
+    assert store.publish("cnn", model_files, {"run_id": "r2"}, run_key="k2")["version"] == "v0002"
+    # a run that stopped between its candidate and claim.json holds v0003: the next run skips it
+    stale = tmp_path / "store" / "cnn" / "v0003" / "claims"
+    stale.mkdir(parents=True)
+    (stale / "0123.json").write_text(json.dumps({"run_key": "gone"}))
+    assert store.publish("cnn", model_files, {"run_id": "r3"}, run_key="k3")["version"] == "v0004"
+    # a run that finds another candidate beside its own withdraws it and does not win the number
+    (tmp_path / "store" / "cnn" / "v0005" / "claims").mkdir(parents=True)
+    (tmp_path / "store" / "cnn" / "v0005" / "claims" / "other.json").write_text(json.dumps({"run_key": "other"}))
+    assert not store._try_claim("cnn", "v0005", "k5")
+    assert sorted(p.name for p in (tmp_path / "store" / "cnn" / "v0005" / "claims").iterdir()) == ["other.json"]
+    assert not (tmp_path / "store" / "cnn" / "v0005" / "claim.json").exists()
