@@ -3,8 +3,8 @@
 each trained model scored on the held-out rows.
 
 Held-out scoring loads the exported SavedModel (its ``serve`` endpoint takes raw features and
-returns logits, :func:`pipelines.analyze.evaluate.load_serve`) and runs it over the preload's
-held-out shards (:func:`pipelines.analyze.evaluate.iter_holdout`): accuracy as the analyze stage
+returns logits, :func:`pipelines.models.evaluate.load_serve`) and runs it over the preload's
+held-out shards (:func:`pipelines.models.evaluate.iter_holdout`): accuracy as the analyze stage
 counts it, and the mean softmax cross-entropy, the loss the trainer minimises.
 """
 
@@ -28,8 +28,8 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # this process loads the mod
 
 import numpy as np  # noqa: E402
 
-from pipelines.analyze.evaluate import iter_holdout, load_serve  # noqa: E402
 from pipelines.data.sample import generate  # noqa: E402
+from pipelines.models.evaluate import iter_holdout, load_serve  # noqa: E402
 from pipelines.preload.stage import preload as preload_stage  # noqa: E402
 from pipelines.spec import DatasetSpec  # noqa: E402
 from pipelines.stores.rundir import write_json  # noqa: E402

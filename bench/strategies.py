@@ -84,10 +84,10 @@ from strategies_stats import (  # noqa: E402
 )
 
 from hetero import prepare  # noqa: E402
-from pipelines.analyze.evaluate import evaluate as holdout  # noqa: E402
 from pipelines.errors import EXIT_DIVERGED  # noqa: E402
 from pipelines.launch.local import Profile, free_ports, launch, launch_ps  # noqa: E402
 from pipelines.launch.tfconfig import cluster_spec  # noqa: E402
+from pipelines.models.evaluate import evaluate as holdout  # noqa: E402
 from pipelines.spec import TrainingSpec  # noqa: E402
 from pipelines.sync.balance import split_proportional  # noqa: E402
 from pipelines.train.ps_chief import server_momentum  # noqa: E402

@@ -14,14 +14,15 @@ import os
 from pathlib import Path
 from typing import Any
 
-from pipelines.analyze.evaluate import evaluate
 from pipelines.analyze.events import Events, EventsNotFoundError, read_events
 from pipelines.analyze.history import refresh_history
 from pipelines.analyze.report import ReportInputs, build_report
 from pipelines.analyze.updates import PARAMETER_SERVER, UPDATES_FILE, ps_figures, read_updates, strategy_of
 from pipelines.core.stages import StageContext
 from pipelines.errors import StageError
+from pipelines.models.evaluate import evaluate
 from pipelines.spec import JobSpec
+from pipelines.stores.compare import compare_versions
 from pipelines.stores.models import ModelStore
 from pipelines.stores.run_records import record_run
 from pipelines.stores.rundir import RunDir, input_key, write_json, write_text
@@ -126,37 +127,6 @@ def _evaluation(spec: JobSpec, preload: dict, train: dict, run_dir: RunDir) -> d
         feature_shape,
         num_classes,
     )
-
-
-def compare_versions(
-    spec: JobSpec, preload: dict, evaluation: dict, publish: dict | None, promoted: dict | None, scratch: Path
-) -> dict | None:
-    """The published version against the promoted one (``promoted``: its metadata, None before
-    any promotion), both evaluated on this run's held-out rows (docs/ARCHITECTURE.md, "Model
-    versions and promotion"); None when nothing was published.
-
-    ``promotable`` is whether the new version may replace the promoted one: its held-out accuracy
-    is at most ``promotion.tolerance`` below the promoted one's (always, when none is promoted)."""
-    if publish is None:
-        return None
-    store, name, tolerance = ModelStore(spec.model_store_uri()), spec.model_store_name(), spec.promotion.tolerance
-    new = {"version": publish["version"], "uri": publish["uri"], "accuracy": evaluation["accuracy"],
-           "per_class_accuracy": evaluation["per_class_accuracy"]}
-    if promoted is None or promoted["version"] == publish["version"]:
-        why = "no version is promoted yet" if promoted is None else f"{publish['version']} is already the promoted version"
-        return {"new": new, "promoted": None, "tolerance": tolerance, "promotable": True, "reason": why}
-    saved = store.download(name, promoted["version"], "saved_model", scratch)
-    old = evaluate(saved, preload.get("holdout_shards") or [], preload.get("feature_shape") or spec.dataset.feature_shape,
-                   int(preload.get("num_classes") or spec.dataset.num_classes))
-    old_entry = {"version": promoted["version"], "uri": promoted.get("uri"), "accuracy": old["accuracy"],
-                 "per_class_accuracy": old["per_class_accuracy"], "run_id": promoted.get("run_id"),
-                 "data_interval": promoted.get("data_interval")}
-    a, b = new["accuracy"], old["accuracy"]
-    promotable = a is not None and (b is None or a >= b - tolerance)
-    reason = (f"held-out accuracy {a if a is None else round(a, 4)} against {b if b is None else round(b, 4)} of the promoted "
-              f"{promoted['version']} on the same {old.get('rows')} rows: "
-              f"{'within' if promotable else 'more than'} the tolerance {tolerance:g} {'of' if promotable else 'below'} it")
-    return {"new": new, "promoted": old_entry, "tolerance": tolerance, "promotable": promotable, "reason": reason}
 
 
 def run(spec: JobSpec, run_dir: RunDir, ctx: StageContext) -> dict[str, Any]:

@@ -29,10 +29,10 @@ class ReportInputs:
     ``train``, ``estimate``, ``lr_search`` and ``preload`` are the stages' results (see
     docs/ARCHITECTURE.md, "Stages and their contracts"; all but ``train`` may be None).
     ``scalars`` and ``histograms`` come from :func:`pipelines.analyze.events.read_events`,
-    ``evaluation`` from :func:`pipelines.analyze.evaluate.evaluate`; ``metrics`` holds the derived
+    ``evaluation`` from :func:`pipelines.models.evaluate.evaluate`; ``metrics`` holds the derived
     figures (``balance_efficiency``, ``prediction_error``, :func:`pipelines.analyze.stage.derived_metrics`);
     ``comparison`` is the published version against the promoted one
-    (:func:`pipelines.analyze.stage.compare_versions`); ``learned`` what the profile bank learned
+    (:func:`pipelines.stores.compare.compare_versions`); ``learned`` what the profile bank learned
     from this run (:func:`pipelines.stores.run_records.record_run`); ``updates`` a
     parameter-server run's ``updates.jsonl`` (:func:`pipelines.analyze.updates.read_updates`; None
     when there is no updates file, and for a Horovod run).  A missing input makes its section say

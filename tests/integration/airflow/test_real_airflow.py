@@ -243,6 +243,7 @@ def test_bad_params_are_refused_by_the_api_or_by_the_first_task(airflow, dataset
 
 
 BACKFILL_DAYS = [f"2026-02-{d:02d}" for d in range(1, 7)]  # six intervals of the February schedule
+BACKFILL_VERSIONS = [f"v{i:04d}" for i in range(1, 7)]
 
 
 def most_at_once(runs: list[dict]) -> int:
@@ -259,14 +260,13 @@ def most_at_once(runs: list[dict]) -> int:
 def test_a_backfill_of_six_days_runs_two_at_a_time_each_on_its_own_partition_and_folder(airflow, bank, tmp_path):
     """The load of a real deployment catching up: six days of the DAG's schedule
     (HETERO_TRAIN_SCHEDULE: every day of February) backfilled with two runs active at once, publishing a version
-    a day.  Every task succeeds on its first try, each run trains on its own day's partition in a
-    folder of its own, and the concurrent publishes make six distinct versions."""
+    a day and promoting as a job does by default (auto).  Every task succeeds on its first try,
+    each run trains on its own day's partition in a folder of its own, the concurrent publishes
+    make six distinct versions, and a run whose comparison another run's promotion made stale
+    compared again instead of failing."""
     data = generate(tmp_path / "data", BACKFILL_DAYS)
     artifacts = tmp_path / "artifacts"
     conf = job(data, artifacts, bank, use_data_interval=True)
-    # Publish only: with auto promotion, a run whose promoted version changed after its analyze
-    # compared (the other run promoted in between) fails its promote stage without a retry.
-    conf["promotion"] = {"mode": "never"}
     backfill = airflow.api.post("/backfills", {
         "dag_id": DAG, "from_date": f"{BACKFILL_DAYS[0]}T00:00:00Z", "to_date": f"{BACKFILL_DAYS[-1]}T00:00:00Z",
         "max_active_runs": 2, "dag_run_conf": conf,
@@ -286,7 +286,7 @@ def test_a_backfill_of_six_days_runs_two_at_a_time_each_on_its_own_partition_and
         assert states == {t: ("success", 1) for t in TASKS}, (run["dag_run_id"], states)
     assert most_at_once(runs) == 2  # max_active_runs: two at once, never more
     NOTES.append(f"backfill of {len(runs)} days, two at a time: {most_at_once(runs)} runs at once at most")
-    versions, run_dirs = [], set()
+    versions, run_dirs, recompared = [], set(), 0
     for run, day in zip(runs, BACKFILL_DAYS):
         run_dir = RunDir.for_run(str(artifacts), DAG, run["dag_run_id"]).root
         run_dirs.add(run_dir)
@@ -298,12 +298,17 @@ def test_a_backfill_of_six_days_runs_two_at_a_time_each_on_its_own_partition_and
         metadata = json.loads((Path(publish["uri"]) / "metadata.json").read_text())
         assert metadata["run_id"] == run["dag_run_id"] and metadata["data_interval"]["start"][:10] == day
         spec = run_spec(artifacts, run["dag_run_id"])  # the conf over the deployment's job defaults
-        assert takes_the_defaults(spec) and spec["promotion"]["mode"] == "never", spec
+        assert takes_the_defaults(spec) and spec["promotion"]["mode"] == "auto", spec
         versions.append((publish["published_at"], publish["version"]))
+        promoted = result(airflow, run["dag_run_id"], "promote")
+        assert promoted["version"] == publish["version"] and all(v in BACKFILL_VERSIONS for v in promoted["recompared"])
+        recompared += len(promoted["recompared"])
     # each run in its own folder, beside them the DAG's history page
     assert len(run_dirs) == 6 and set((artifacts / DAG).iterdir()) == run_dirs | {artifacts / DAG / "history.html"}
     # six distinct versions, numbered in the order the concurrent runs published them
-    assert [v for _, v in sorted(versions)] == [f"v{i:04d}" for i in range(1, 7)], versions
+    assert [v for _, v in sorted(versions)] == BACKFILL_VERSIONS, versions
+    promoted = json.loads((artifacts / "models" / "small_cnn" / "PROMOTED.json").read_text())["version"]
+    NOTES.append(f"backfill with auto promotion: {promoted} promoted at the end, {recompared} comparison(s) made again")
 
 
 def train_ranks(run_id: str, try_number: int) -> list[int]:
@@ -316,9 +321,9 @@ def test_killing_a_training_task_stops_its_ranks_and_the_retry_finishes_the_run(
     operator) while its ranks train: the stage and its ranks end with it (parent-death signal),
     Airflow fails the try and the retry finishes the run."""
     artifacts = tmp_path / "artifacts"
-    # 17 steps an epoch: after the first epoch's checkpoint, nine more leave the kill several
-    # seconds to land while the ranks train (the retry then trains what is left)
-    run_id = trigger(airflow, job(dataset, artifacts, bank, epochs=10))
+    # 17 steps an epoch: the ranks are frozen past the first epoch's checkpoint, the kill lands,
+    # and the retry trains the three epochs left
+    run_id = trigger(airflow, job(dataset, artifacts, bank, epochs=4))
     run_dir = RunDir.for_run(str(artifacts), DAG, run_id).root
 
     def training():  # the plan's ranks, past their first epoch's checkpoint, not yet done
@@ -362,7 +367,7 @@ def test_killing_a_training_task_stops_its_ranks_and_the_retry_finishes_the_run(
     assert "Process terminated by signal" in task_log(airflow, run_id, "train", 1)
     assert "of an earlier try" not in task_log(airflow, run_id, "train", 2)
     train = result(airflow, run_id, "train")  # the retry went on from the killed try's checkpoint
-    assert train["epochs"] == 10 and train["resumed_from_step"] > 0, (train, task_log(airflow, run_id, "train", 2)[-6000:])
+    assert train["epochs"] == 4 and train["resumed_from_step"] > 0, (train, task_log(airflow, run_id, "train", 2)[-6000:])
     assert result(airflow, run_id, "publish")["version"] == "v0001"
     waited = dt.datetime.fromisoformat(tries[1]["start_date"]) - dt.datetime.fromisoformat(tries[0]["end_date"])
     assert waited.total_seconds() > 0

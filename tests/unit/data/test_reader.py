@@ -131,7 +131,7 @@ def test_calibration_batch_from_mapped_rows(split):
 
 
 def test_holdout_batches_cross_shards(split):
-    from pipelines.analyze.evaluate import iter_holdout
+    from pipelines.models.evaluate import iter_holdout
 
     preload, x, y = split
     batches = list(iter_holdout(preload["train_shards"], W, batch_size=25))

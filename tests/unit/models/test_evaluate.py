@@ -1,15 +1,15 @@
-"""Held-out evaluation (pipelines.analyze.evaluate)."""
+"""Held-out evaluation (pipelines.models.evaluate)."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
-
 from analyze.synthetic import (
     write_shard,
 )
-from pipelines.analyze.evaluate import confusion_metrics, iter_holdout
+
 from pipelines.errors import DataError
+from pipelines.models.evaluate import confusion_metrics, iter_holdout
 
 pytestmark = pytest.mark.trainer
 
