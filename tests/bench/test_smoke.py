@@ -62,9 +62,10 @@ def test_checkpoint():
     assert (line["every"], line["steps"], line["global_batch"], line["batches"], line["repeats"]) == (15, 30, 64, [32, 32], 1)
     figures = line["by_every"]["15"]
     assert figures["saves"] == 2
-    # a run with saves cannot be much faster than one without, and saves of a small model take
-    # milliseconds to seconds
-    assert number(line["with_vs_without"], 0.5, 50) and number(line["across_runs"], 0.5, 50)
+    # a run with saves cannot be much faster than one without (the same run's windows), and saves
+    # of a small model take milliseconds to seconds; two separate runs on a machine running other
+    # tests can differ by any factor (0.13 seen in CI), so across_runs is only a positive number
+    assert number(line["with_vs_without"], 0.5, 50) and number(line["across_runs"], 1e-3, 1e3)
     for key in ("with_vs_without", "across_runs"):  # one repeat: no spread
         assert figures[f"{key}_spread"] == [line[key], line[key]]
     assert line["with_vs_without"] == figures["with_vs_without"]
