@@ -19,8 +19,7 @@ export PYTHON
 
 ## setup: build .venv and .venv-trainer if missing or out of date (stamp keyed on the lock files)
 setup:
-	@scripts/setup-env.sh airflow
-	@scripts/setup-env.sh trainer
+	@scripts/setup-env.sh all
 
 ## data: generate the sample dataset (day-partitioned Parquet under data/sample)
 data: setup

@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
-# Build (or confirm up to date) one of the project's two environments.
+# Build (or confirm up to date) the project's environments.
 #   scripts/setup-env.sh airflow   -> .venv          (Airflow 3, cncf.kubernetes provider, dev tools;
 #                                                    PostgreSQL's server programs if missing)
 #   scripts/setup-env.sh trainer   -> .venv-trainer  (TensorFlow 2.15.1, Horovod 0.28.1 with Gloo)
+#   scripts/setup-env.sh all       -> both at the same time (`make setup`, `make test`): the Airflow
+#                                     environment, and on a new machine PostgreSQL and Chromium,
+#                                     are installed while Horovod compiles; lines are prefixed.
 # An environment is rebuilt only when its stamp (a hash of its lock file, pyproject.toml and this
 # script) changes.  The Horovod wheel is cached outside the repository ($HETERO_CACHE, default
 # ~/.cache/hetero-pipelines) so a second set-up on the same machine does not compile it again.
@@ -17,10 +20,34 @@ CACHE=${HETERO_CACHE:-$HOME/.cache/hetero-pipelines}
 UV_VERSION=0.13.8
 HOROVOD_VERSION=0.28.1
 
+# uv (pinned) installs the locked packages quickly; it lives in the cache, not in the repo.
+UV=$CACHE/tools/uv-$UV_VERSION/bin/uv
+ensure_uv() {
+  command -v "$PYTHON" >/dev/null || { echo "ERROR: $PYTHON not found; install Python 3.11" >&2; exit 1; }
+  mkdir -p "$CACHE/wheels" "$CACHE/tools"
+  if [[ ! -x $UV ]]; then
+    echo "installing uv $UV_VERSION into $CACHE/tools"
+    "$PYTHON" -m venv "$CACHE/tools/uv-$UV_VERSION"
+    "$CACHE/tools/uv-$UV_VERSION/bin/pip" install --quiet "uv==$UV_VERSION"
+  fi
+}
+
 case "$which_env" in
   airflow) venv=.venv; lock=requirements/airflow.lock ;;
   trainer) venv=.venv-trainer; lock=requirements/trainer.lock ;;
-  *) echo "unknown environment '$which_env' (airflow|trainer)" >&2; exit 2 ;;
+  all)
+    ensure_uv  # once, before the two builds share it
+    status=$(mktemp)
+    { "$0" airflow 2>&1; echo $? > "$status"; } | sed -u 's/^/[.venv] /' &
+    "$0" trainer 2>&1 | sed -u 's/^/[.venv-trainer] /'
+    trainer=${PIPESTATUS[0]}
+    wait
+    airflow=$(cat "$status")
+    rm -f "$status"
+    [[ $trainer == 0 ]] || exit "$trainer"
+    exit "${airflow:-1}"
+    ;;
+  *) echo "unknown environment '$which_env' (airflow|trainer|all)" >&2; exit 2 ;;
 esac
 
 # The real-Airflow tests run on PostgreSQL: its server programs where the machine has none.
@@ -37,16 +64,7 @@ if [[ -f $stamp_file && $(cat "$stamp_file") == "$stamp_value" && -x $venv/bin/p
   exit 0
 fi
 
-command -v "$PYTHON" >/dev/null || { echo "ERROR: $PYTHON not found; install Python 3.11" >&2; exit 1; }
-mkdir -p "$CACHE/wheels" "$CACHE/tools"
-
-# uv (pinned) installs the locked packages quickly; it lives in the cache, not in the repo.
-UV=$CACHE/tools/uv-$UV_VERSION/bin/uv
-if [[ ! -x $UV ]]; then
-  echo "installing uv $UV_VERSION into $CACHE/tools"
-  "$PYTHON" -m venv "$CACHE/tools/uv-$UV_VERSION"
-  "$CACHE/tools/uv-$UV_VERSION/bin/pip" install --quiet "uv==$UV_VERSION"
-fi
+ensure_uv
 export UV_CACHE_DIR=$CACHE/uv
 
 echo "building $venv from $lock"

@@ -55,8 +55,7 @@ pytest_in() {  # pytest_in VENV MARK TESTS...: exit 5 (nothing collected) counts
   return "$code"
 }
 
-run_part "set-up: Airflow environment" scripts/setup-env.sh airflow || exit $?
-run_part "set-up: trainer environment" scripts/setup-env.sh trainer || exit $?
+run_part "set-up: both environments" scripts/setup-env.sh all || exit $?
 
 ends=$(mktemp -d)  # each concurrent part's "seconds exit-code", by name
 background_group() {  # a cpu cgroup of the least weight for phase 1, or nothing where none can be made
@@ -147,9 +146,11 @@ else
 fi
 echo "== phase 1: the trainer and Airflow suites side by side (all but the timing tests)"
 if [[ $TRAINER_TESTS == "$DEFAULT_TRAINER_TESTS" ]]; then  # the default set: the benchmarks' smoke tests apart
-  side unit .venv-trainer tests/unit &
+  # The unit tests take about half as long as the other streams: the first_run smoke test (the
+  # longest of the benchmarks', about 3.5 min) runs after them, so that no stream ends far behind.
+  side unit .venv-trainer tests/unit tests/bench/test_first_run_smoke.py &
   side trainer .venv-trainer tests/integration/trainer &
-  side bench .venv-trainer tests/bench &
+  side bench .venv-trainer tests/bench --ignore=tests/bench/test_first_run_smoke.py &
   streams=(unit trainer bench)
 else
   # shellcheck disable=SC2086
@@ -181,7 +182,7 @@ for name in "${streams[@]}" timing-trainer timing-airflow; do
     deploy) label="Airflow suite: real deployment" ;;
     airflow) label="Airflow suite: DAGs, Kubernetes" ;;
     bench) label="trainer suite: benchmarks" ;;
-    unit) label="trainer suite: unit tests" ;;
+    unit) label="trainer suite: unit, first_run" ;;
     trainer) label="trainer suite: integration" ;;
     timing-trainer) label="timing tests, trainer" ;;
     timing-airflow) label="timing tests, Airflow" ;;
