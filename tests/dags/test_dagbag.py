@@ -18,9 +18,9 @@ import json, sys, time
 sys.path.insert(0, {plugins!r})
 import airflow.sdk  # Airflow itself is loaded before timing, as in the DAG processor
 from airflow.dag_processing.dagbag import DagBag
-t = time.perf_counter()
+t = time.process_time()  # CPU time: what parsing costs, however busy the machine is
 bag = DagBag(dag_folder={folder!r})
-elapsed = time.perf_counter() - t
+elapsed = time.process_time() - t
 heavy = [m for m in ("tensorflow", "horovod", "pyarrow", "scipy", "numpy", "matplotlib") if m in sys.modules]
 print(json.dumps({{"dags": sorted(bag.dag_ids), "errors": {{k: str(v) for k, v in bag.import_errors.items()}},
                   "seconds": elapsed, "heavy": heavy}}))
@@ -36,7 +36,7 @@ def test_dag_file_parses_fast_without_heavy_imports(dag_file):
     assert report["errors"] == {}
     assert report["dags"], f"{dag_file.name} defines no DAG"
     assert report["heavy"] == [], f"{dag_file.name} imported {report['heavy']} while parsing"
-    assert report["seconds"] < 1.0, f"{dag_file.name} took {report['seconds']:.2f}s to parse"
+    assert report["seconds"] < 1.0, f"{dag_file.name} took {report['seconds']:.2f} s of CPU to parse"
 
 
 def test_main_dag_structure():

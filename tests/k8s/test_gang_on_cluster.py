@@ -131,12 +131,16 @@ def _checkpointed(run: Path) -> bool:
     return any((run / "train" / "checkpoints").glob("ckpt-*.index"))
 
 
-def _kill_rank_process(cluster, kube, run_id: str, rank: int) -> int:
-    """SIGKILL the trainer process of ``rank``'s container (the pid its kubelet started); returns it."""
-    pod = next(p for p in _job_pods(kube, run_id) if p.metadata.labels["rank"] == str(rank))
-    proc = cluster.kubelet.workers[pod.metadata.uid].c[pod.spec.containers[0].name]["proc"]
-    os.kill(proc.pid, signal.SIGKILL)
-    return proc.pid
+def _rank_pids(cluster, kube, run_id: str) -> dict[int, int] | None:
+    """The trainer process of each rank's container (the pid its kubelet started), once both run."""
+    pids = {}
+    for pod in _job_pods(kube, run_id):
+        try:
+            pids[int(pod.metadata.labels["rank"])] = cluster.kubelet.workers[pod.metadata.uid].c[
+                pod.spec.containers[0].name]["proc"].pid
+        except (KeyError, AttributeError):  # not started yet
+            return None
+    return pids if sorted(pids) == [0, 1] else None
 
 
 def test_a_rank_killed_mid_training_fails_the_try_and_the_retry_resumes_from_its_checkpoint(
@@ -155,8 +159,14 @@ def test_a_rank_killed_mid_training_fails_the_try_and_the_retry_resumes_from_its
     worker = threading.Thread(target=first_try)
     worker.start()
     try:
+        pids = wait_for("both ranks' processes", lambda: _rank_pids(cluster, kube, run_id), 120, 0.02)
         wait_for("a checkpoint of the first try", lambda: _checkpointed(run), 120, 0.02)
-        _kill_rank_process(cluster, kube, run_id, 1)
+        # Freeze both ranks at once, so the kill lands mid-training however slowly this test runs
+        # (on a busy machine the ranks once finished before it did); rank 0 goes on after the kill.
+        for pid in pids.values():
+            os.kill(pid, signal.SIGSTOP)
+        os.kill(pids[1], signal.SIGKILL)
+        os.kill(pids[0], signal.SIGCONT)
     finally:
         worker.join(120)
     assert not worker.is_alive()
