@@ -16,6 +16,7 @@ result line when told, workers and servers that serve until they are deleted.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import shutil
@@ -104,12 +105,36 @@ def _assert_nothing_left(cluster, kube, run_id: str) -> None:
     wait_for("every pod process to end", lambda: cluster.leftover_pids() == [], 15)
 
 
+TASKS = 4  # the chief, two workers and a server
+
+
 def _task_pid(cluster, kube, run_id: str, task: str) -> int:
     """The pid of the process the kubelet started for ``task`` (``worker-1``, ``ps-0``)."""
+    return _task_pids(cluster, kube, run_id)[task]
+
+
+def _task_pids(cluster, kube, run_id: str) -> dict[str, int]:
+    """The pid of the process the kubelet started for each task that runs, by its name."""
     selector = identity_from_context(_context(run_id)).job_selector(this_try=True)
-    pod = next(p for p in kube.list_namespaced_pod("default", label_selector=selector).items
-               if p.spec.hostname == task)
-    return cluster.kubelet.workers[pod.metadata.uid].c[pod.spec.containers[0].name]["proc"].pid
+    pids = {}
+    for pod in kube.list_namespaced_pod("default", label_selector=selector).items:
+        with contextlib.suppress(KeyError, AttributeError):  # not started yet
+            pids[pod.spec.hostname] = cluster.kubelet.workers[pod.metadata.uid].c[pod.spec.containers[0].name]["proc"].pid
+    return pids
+
+
+def _kill_at_first_checkpoint(cluster, kube, run_id: str, run: Path, victim: str, tasks: int) -> None:
+    """SIGKILL ``victim`` at the first checkpoint, every task frozen (SIGSTOP) from the moment the
+    checkpoint is seen until the kill, so it lands there however slowly this test runs."""
+    pids = wait_for("every task's process", lambda: len(p := _task_pids(cluster, kube, run_id)) == tasks and p, 120, 0.02)
+    wait_for("a checkpoint", lambda: any((run / "train" / "checkpoints").glob("ckpt-*.index")), 180, 0.05)
+    for pid in pids.values():
+        os.kill(pid, signal.SIGSTOP)
+    os.kill(pids[victim], signal.SIGKILL)
+    for task, pid in pids.items():
+        if task != victim:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGCONT)
 
 
 # ------------------------------------------------------------------------- the real trainer
@@ -144,8 +169,7 @@ def test_a_worker_killed_mid_training_is_lost_and_the_chief_finishes_on_the_othe
     thread = threading.Thread(target=lambda: results.append(op.execute(_context(run_id))))
     thread.start()
     try:
-        wait_for("a checkpoint", lambda: any((run / "train" / "checkpoints").glob("ckpt-*.index")), 180, 0.05)
-        os.kill(_task_pid(cluster, kube, run_id, "worker-1"), signal.SIGKILL)
+        _kill_at_first_checkpoint(cluster, kube, run_id, run, "worker-1", TASKS)
         thread.join(300)  # three epochs of this data train in about 3 seconds alone; beside make test's other suites, minutes
     finally:
         if thread.is_alive():
@@ -178,8 +202,7 @@ def test_a_killed_parameter_server_fails_the_try_and_the_retry_resumes_from_its_
     thread = threading.Thread(target=first_try)
     thread.start()
     try:
-        wait_for("a checkpoint", lambda: any((run / "train" / "checkpoints").glob("ckpt-*.index")), 180, 0.05)
-        os.kill(_task_pid(cluster, kube, run_id, "ps-0"), signal.SIGKILL)
+        _kill_at_first_checkpoint(cluster, kube, run_id, run, "ps-0", TASKS)
     finally:
         thread.join(90)
     assert not thread.is_alive() and not (run / "train" / "result.json").exists()

@@ -4,8 +4,11 @@ training").  Tiny data and a tiny model keep each job to seconds."""
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
+import os
+import signal
 import subprocess
 import sys
 import threading
@@ -51,15 +54,25 @@ def updates(run: Path) -> list[dict]:
     return [json.loads(line) for line in (run / "train" / "updates.jsonl").read_text().splitlines()]
 
 
+def signal_all(procs, sig: int) -> None:
+    for proc in procs:
+        with contextlib.suppress(ProcessLookupError):  # a task killed by the action
+            os.kill(proc.pid, sig)
+
+
 def after_first_checkpoint(run: Path, action, timeout=120.0):
-    """``on_start`` hook: once the chief has saved a checkpoint, call ``action(tasks)``."""
+    """``on_start`` hook: once the chief has saved a checkpoint, call ``action(tasks)`` with every
+    task frozen (SIGSTOP, then SIGCONT after it), so the action lands where the checkpoint is
+    however late this test's thread runs on a busy machine."""
 
     def hook(tasks, limiter):
         def watch():
             deadline = time.time() + timeout
             while time.time() < deadline and not (run / "train" / "updates.jsonl").is_file():
                 time.sleep(0.05)
+            signal_all(tasks.values(), signal.SIGSTOP)
             action(tasks)
+            signal_all(tasks.values(), signal.SIGCONT)
 
         threading.Thread(target=watch, daemon=True).start()
 
