@@ -46,8 +46,8 @@ def test_at_least_the_least_seconds():
     started = time.perf_counter()
     probe_rate(compute, None, None, None, rows=10, least_steps=1, least_seconds=0.1, quota=lambda: None)
     # the time, not the one least step, ended the probe: more calls than the warm-up and one step,
-    # and 0.1 s of timed calls after the warm-up (a busy machine only makes each call longer)
-    assert compute.calls > 2 and time.perf_counter() - started >= 0.1 + 0.01
+    # and 0.1 s of timed calls after the (instant) warm-up; a busy machine only makes calls longer
+    assert compute.calls > 2 and time.perf_counter() - started >= 0.1
 
 
 def test_a_quota_counts_the_cpu_time():
