@@ -75,30 +75,28 @@ background_group() {  # a cpu cgroup of the least weight for phase 1, or nothing
   } 2>/dev/null || { rmdir "$group/suites" "$group/ranks" "$group" 2>/dev/null; return 1; }
   echo "$group"
 }
-side() {  # side NAME VENV TESTS...: one suite of phase 1, its lines prefixed, its end time and code kept
-  local name=$1 venv=$2 start code
+record() {  # record NAME COMMAND...: one concurrent part, its lines prefixed, its end time and code kept
+  local name=$1 start code
+  shift
+  start=$(date +%s)
+  PART=$name "$@" 2>&1 | sed -u "s/^/[$name] /"
+  code=${PIPESTATUS[0]}
+  echo "$(($(date +%s) - start)) $code" > "$ends/$name"
+}
+side() {  # side NAME VENV TESTS...: one suite of phase 1
+  local name=$1 venv=$2
   shift 2
   if [[ -n $bg ]]; then  # this subshell and all it starts: the low-weight group, its ranks' groups below it
     echo "$BASHPID" > "$bg/suites/cgroup.procs"
     export HETERO_CGROUP_PARENT=${bg##*/}/ranks  # the group lies right under the controller's root
   fi
-  start=$(date +%s)
-  PART=$name pytest_in "$venv" "not timing" "$@" 2>&1 | sed -u "s/^/[$name] /"
-  code=${PIPESTATUS[0]}
-  echo "$(($(date +%s) - start)) $code" > "$ends/$name"
+  record "$name" pytest_in "$venv" "not timing" "$@"
 }
 timing() {  # the timing tests of both suites, one after the other
-  local start code
-  start=$(date +%s)
   # shellcheck disable=SC2086
-  PART=timing-trainer pytest_timing .venv-trainer $TRAINER_TESTS 2>&1 | sed -u "s/^/[timing-trainer] /"
-  code=${PIPESTATUS[0]}
-  echo "$(($(date +%s) - start)) $code" > "$ends/timing-trainer"
-  start=$(date +%s)
+  record timing-trainer pytest_timing .venv-trainer $TRAINER_TESTS
   # shellcheck disable=SC2086
-  PART=timing-airflow pytest_timing .venv $AIRFLOW_TESTS 2>&1 | sed -u "s/^/[timing-airflow] /"
-  code=${PIPESTATUS[0]}
-  echo "$(($(date +%s) - start)) $code" > "$ends/timing-airflow"
+  record timing-airflow pytest_timing .venv $AIRFLOW_TESTS
 }
 
 timing_tests() {  # timing_tests TESTS...: those of TESTS that can hold a test marked timing
