@@ -107,7 +107,8 @@ def time_figure(rows: Rows) -> str:
 
 
 def speed_figure(rows: Rows) -> str:
-    fig, (ax,) = figures.new_figure(width=5.4, height=3.4)
+    # room on the right for the balance axis's tick labels and label
+    fig, (ax,) = figures.new_figure(width=5.4, height=3.4, margins=figures.MARGINS._replace(right=0.85))
     times, speed, balance = _times(rows), _values(rows, "samples_per_sec"), _values(rows, "balance_efficiency")
     _plot(ax, times, speed, "o-", label="samples / s")
     ax.set(title="Throughput and balance over time", ylabel="samples / s")

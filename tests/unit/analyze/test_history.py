@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from analyze.figure_checks import misplaced_text
 from pipelines.__main__ import main
 from pipelines.analyze.history import collect, groups, history_path, refresh_history
 from pipelines.analyze.history.page import ALTS, write_history
@@ -135,6 +136,8 @@ def test_the_page_has_each_groups_figures_and_marks_the_promoted_version(root, m
     pngs = _images(html_text)
     assert len(pngs) == 12 and all(p.startswith(b"\x89PNG") for p in pngs)
     assert [alt for alt, _ in drawn] == list(ALTS) * 3
+    for alt, fig in drawn:
+        assert not misplaced_text(fig), (alt, misplaced_text(fig))
     accuracy = drawn[0][1].axes[0]
     line, star = accuracy.get_lines()
     assert list(line.get_ydata()) == [0.81, 0.7, 0.86] and star.get_label() == "promoted"

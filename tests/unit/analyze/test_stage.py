@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from analyze.figure_checks import misplaced_text
 from analyze.synthetic import (
     FEATURE_SHAPE,
     NUM_CLASSES,
@@ -269,6 +270,8 @@ def test_parameter_server_run_gets_its_section_charts_and_result_fields(ps_run_d
     timeline = figures["updates over time per worker"].axes[0]
     assert [t.get_text() for t in timeline.get_legend().get_texts()] == ["worker 0", "worker 1", "worker 2"]
     assert len(images(html_text)) >= 8
+    for alt, fig in figures.items():
+        assert not misplaced_text(fig), (alt, misplaced_text(fig))
 
 
 def test_horovod_report_has_no_parameter_server_parts(run_dir, monkeypatch):
@@ -283,3 +286,6 @@ def test_horovod_report_has_no_parameter_server_parts(run_dir, monkeypatch):
     assert not {"updates per worker", "staleness histogram", "updates over time per worker"} & figures.keys()
     assert "<th>Allreduce wait s</th>" in section(html_text, "per-rank-throughput-and-waiting")
     assert '<td class="l">Ranks</td><td>2</td>' in section(html_text, "summary")
+    assert {"weight distributions over training", "confusion matrix"} <= figures.keys()
+    for alt, fig in figures.items():
+        assert not misplaced_text(fig), (alt, misplaced_text(fig))

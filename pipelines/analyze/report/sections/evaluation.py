@@ -33,7 +33,9 @@ def _evaluation(evaluation: dict | None, class_counts: dict | None) -> str:
     parts.append(table(["Class", "Held-out rows", "Training rows", "Accuracy"], rows))
     if confusion:
         n = len(confusion)
-        fig, (ax,) = figures.new_figure(width=max(3.5, 0.45 * n + 2), height=max(3.0, 0.45 * n + 1.5))
+        # room on the right for the colour bar, which takes its width from the panel, and its labels
+        fig, (ax,) = figures.new_figure(width=max(3.5, 0.45 * n + 2), height=max(3.0, 0.45 * n + 1.5),
+                                        margins=figures.MARGINS._replace(right=0.6))
         image = ax.imshow(confusion, cmap="Blues")
         fig.colorbar(image, ax=ax, fraction=0.046)
         if n <= 20:

@@ -95,7 +95,8 @@ def _ps_update_bars(block: dict) -> str:
     applied = [int(w.get("applied") or 0) for w in workers]
     dropped = [int(w.get("dropped") or 0) for w in workers]
     x = list(range(len(workers)))
-    fig, (ax,) = figures.new_figure(width=max(4.5, 0.9 * len(workers) + 2))
+    fig, (ax,) = figures.new_figure(width=max(4.5, 0.9 * len(workers) + 2),
+                                    margins=figures.tick_lines(max(label.count("\n") + 1 for label in labels)))
     ax.bar(x, applied, color="C0", label="applied")
     ax.bar(x, dropped, bottom=applied, color="C3", label="dropped")
     ax.set_xticks(x, labels, fontsize=8)

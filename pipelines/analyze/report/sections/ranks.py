@@ -49,7 +49,7 @@ def _rank_bars(ranks: list[dict], loop_s: float | None = None, words: Words = HO
     """Bars per rank: time (compute, allreduce wait, input wait, other), throughput and local batch."""
     labels = [f"{r.get('rank')}\n{r.get('device', '')}" for r in ranks]
     x = list(range(len(ranks)))
-    fig, (ax1, ax2, ax3) = figures.new_figure(3, width=4.2)
+    fig, (ax1, ax2, ax3) = figures.new_figure(3, width=4.2, margins=figures.tick_lines(2))
     _time_bars(ax1, ranks, loop_s, words)
     ax2.bar(x, [float(r.get("samples_per_sec") or 0) for r in ranks], color="C2")
     ax2.set(title=f"Throughput per {words.unit}", ylabel="samples / s")

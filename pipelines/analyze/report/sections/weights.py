@@ -82,7 +82,8 @@ def _weight_overlay(ax, points: Sequence) -> None:
 
 def _panels(shown: Sequence[tuple[str, Sequence]], ylabel: str) -> tuple[Figure, Any]:
     """One row per variable: its bands against step (left), its distribution at a few steps (right)."""
-    fig = Figure(figsize=(11, 2.6 * len(shown)), layout="constrained")
+    fig = Figure(figsize=(11, 2.6 * len(shown)))
+    figures.place(fig, len(shown), 2)
     axes = fig.subplots(len(shown), 2, squeeze=False, width_ratios=[3, 2])
     for (name, points), (bands, overlay) in zip(shown, axes, strict=True):
         _weight_bands(bands, name, points, ylabel)
