@@ -24,8 +24,12 @@ from pipelines.errors import StageError
 from pipelines.lr_search.references import fastai_valley, lightning_steepest
 
 MIN_POINTS = 10
-RULE_VERSION = 4  # part of the result's input key: a new rule (or new references beside it) searches again
+RULE_VERSION = 5  # part of the result's input key: a new rule (or new references beside it) searches again
 CANDIDATE_FACTORS = (0.5, 1.0, 2.0)  # times the min-loss rate: the rates the confirmation compares
+# When an edge candidate ends lowest, the best rate may lie past it: one more run there.  On the
+# combinations the rule was tuned on the best grid rate lay from 0.25 to 3.4 times the min-loss
+# rate, so one step past each edge covers that range.
+EDGE_EXTENSIONS = {2.0: 4.0, 0.5: 0.25}
 TRIAL_FRACTION = 0.2  # a confirmation run is this fraction of the training's steps ...
 TRIAL_STEPS = (32, 160)  # ... within these bounds
 SAFETY_DIVISOR = 3.0
@@ -266,7 +270,8 @@ def choose(
 ) -> dict[str, Any]:
     """The chosen rate: the curve's analysis (:func:`suggest`), then, with a clear descent, a short
     confirmation run (``run_trial(lr) -> loss``) at each of ``CANDIDATE_FACTORS`` × the min-loss
-    rate of the polynomial fit, keeping the rate whose run ends lowest.  Without ``run_trial`` or
+    rate of the polynomial fit, keeping the rate whose run ends lowest; when that is an edge
+    candidate, one more run one step past it (``EDGE_EXTENSIONS``), kept if it ends lower still.  Without ``run_trial`` or
     without a clear descent, :func:`suggest`'s value is taken as it is (``planned_steps``: as there).
 
     Returns ``learning_rate``, ``method``, ``reason`` (one line), ``candidates``
@@ -284,23 +289,34 @@ def choose(
         }
     m = analysis["min_loss_lr"]
     candidates = []
-    for factor in CANDIDATE_FACTORS:
+
+    def confirm(factor: float) -> None:
         loss = float(run_trial(m * factor))
         candidates.append({"lr": m * factor, "factor": factor, "trial_loss": loss if math.isfinite(loss) else None})
-    finite = [c for c in candidates if c["trial_loss"] is not None]
-    if not finite:
+
+    def lowest() -> dict | None:
+        finite = [c for c in candidates if c["trial_loss"] is not None]
+        return min(finite, key=lambda c: c["trial_loss"]) if finite else None
+
+    for factor in CANDIDATE_FACTORS:
+        confirm(factor)
+    best = lowest()
+    if best is None:
         raise StageError(
             "every confirmation run diverged (rates "
             + ", ".join(f"{c['lr']:.3g}" for c in candidates)
             + "); the range test's minimum is not a usable rate: set training.learning_rate"
         )
-    best = min(finite, key=lambda c: c["trial_loss"])
+    if best["factor"] in EDGE_EXTENSIONS:
+        confirm(EDGE_EXTENSIONS[best["factor"]])
+        best = lowest()
+    tried = ", x".join(f"{c['factor']:g}" for c in candidates)
     return {
         "learning_rate": best["lr"],
         "method": f"range_test+confirm: poly{analysis['poly']['degree']} min-loss x {best['factor']:g}",
         "reason": (
             f"min-loss rate {m:.3g} of the poly{analysis['poly']['degree']} fit (range {lo:.3g}..{hi:.3g}); "
-            f"of x{', x'.join(f'{f:g}' for f in CANDIDATE_FACTORS)} its short run with the training's schedule "
+            f"of x{tried} its short run with the training's schedule "
             f"ended lowest at x{best['factor']:g} (loss {best['trial_loss']:.4g})"
         ),
         "candidates": candidates,

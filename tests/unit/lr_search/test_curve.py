@@ -10,6 +10,7 @@ import pytest
 from pipelines.errors import StageError
 from pipelines.lr_search.curve import (
     CANDIDATE_FACTORS,
+    EDGE_EXTENSIONS,
     MIN_POINTS,
     choose,
     confirmation,
@@ -171,22 +172,50 @@ def test_suggest_flat_curve_falls_back():
     assert lrs[0] <= out["learning_rate"] <= lrs[-1]
 
 
+def _trial_with_optimum_at(ratio, tried, m_of):
+    """A confirmation run whose loss is lowest at ``ratio`` times the curve's min-loss rate."""
+    def trial(lr):
+        tried.append(lr)
+        return (math.log10(lr) - math.log10(ratio * m_of())) ** 2 + 0.1
+    return trial
+
+
 def test_choose_confirms_candidates_around_the_minimum_and_keeps_the_best_run():
     lrs, loss = u_shaped()
-    tried = []
-
-    def trial(lr):  # a known optimum at 3x the curve's min-loss rate
-        tried.append(lr)
-        return (math.log10(lr) - math.log10(3 * m)) ** 2 + 0.1
-
     m = suggest(lrs, loss)["min_loss_lr"]
-    out = choose(lrs, loss, run_trial=trial)
-    assert tried == pytest.approx([m * f for f in CANDIDATE_FACTORS])
-    best = min(CANDIDATE_FACTORS, key=lambda f: abs(math.log10(f / 3)))
-    assert out["learning_rate"] == pytest.approx(m * best)
+    tried = []
+    out = choose(lrs, loss, run_trial=_trial_with_optimum_at(1.2, tried, lambda: m))
+    assert tried == pytest.approx([m * f for f in CANDIDATE_FACTORS])  # x1 is lowest: no edge, no extension
+    assert out["learning_rate"] == pytest.approx(m)
     assert [c["factor"] for c in out["candidates"]] == list(CANDIDATE_FACTORS)
-    assert f"x{best:g}" in out["reason"] and "range" in out["reason"]
+    assert "x1 (loss" in out["reason"] and "of x0.5, x1, x2 " in out["reason"] and "range" in out["reason"]
     assert out["method"].startswith("range_test+confirm")
+
+
+@pytest.mark.parametrize(("optimum", "edge", "beyond", "chosen"), [
+    (3.0, 2.0, 4.0, 4.0),  # past the top edge: x4 ends lower than x2
+    (2.5, 2.0, 4.0, 2.0),  # x2 ends lowest, x4 is tried and is worse
+    (0.3, 0.5, 0.25, 0.25),  # past the bottom edge
+])
+def test_choose_tries_one_step_past_an_edge_that_ended_lowest(optimum, edge, beyond, chosen):
+    lrs, loss = u_shaped()
+    m = suggest(lrs, loss)["min_loss_lr"]
+    tried = []
+    out = choose(lrs, loss, run_trial=_trial_with_optimum_at(optimum, tried, lambda: m))
+    assert EDGE_EXTENSIONS[edge] == beyond
+    assert tried == pytest.approx([m * f for f in (*CANDIDATE_FACTORS, beyond)])
+    assert out["learning_rate"] == pytest.approx(m * chosen)
+    assert f"of x0.5, x1, x2, x{beyond:g} " in out["reason"] and f"lowest at x{chosen:g} " in out["reason"]
+
+
+def test_choose_keeps_the_edge_when_the_step_past_it_diverges():
+    lrs, loss = u_shaped()
+    m = suggest(lrs, loss)["min_loss_lr"]
+    tried = []
+    good = _trial_with_optimum_at(3.0, tried, lambda: m)
+    out = choose(lrs, loss, run_trial=lambda lr: float("nan") if lr > 3 * m else good(lr))
+    assert out["learning_rate"] == pytest.approx(2 * m)
+    assert out["candidates"][-1] == {"lr": pytest.approx(4 * m), "factor": 4.0, "trial_loss": None}
 
 
 def test_choose_says_when_every_confirmation_diverged():
