@@ -23,6 +23,7 @@ from typing import Any
 from pipelines.core.stages import StageContext
 from pipelines.errors import StageError
 from pipelines.spec import JobSpec
+from pipelines.stores.compare import compare_versions
 from pipelines.stores.models import ModelStore
 from pipelines.stores.rundir import RunDir, input_key
 from pipelines.tracking.stages import Tracking
@@ -88,8 +89,6 @@ def promote(spec: JobSpec, run_dir: RunDir, ctx: StageContext) -> dict[str, Any]
 
 def _compare_again(spec: JobSpec, run_dir: RunDir, analyze: dict, publish: dict, current: dict) -> dict:
     """This run's version against ``current`` (the version promoted now), as analyze compares."""
-    from pipelines.stores.compare import compare_versions  # TensorFlow, only when a comparison is stale
-
     evaluation = {"accuracy": analyze["holdout_accuracy"], "per_class_accuracy": analyze["per_class_accuracy"]}
     return compare_versions(spec, run_dir.read_result("preload"), evaluation, publish, current,
                             Path(run_dir.stage("promote")) / "promoted")
