@@ -114,6 +114,13 @@ def task_log(airflow: Airflow, run_id: str, task_id: str, try_number: int) -> st
     return "\n".join(json.dumps(line) if not isinstance(line, str) else line for line in answer["content"])
 
 
+def earlier_tries(airflow: Airflow, run_id: str, states: dict[str, tuple[str | None, int]]) -> dict[str, str]:
+    """The end of each earlier try's log, for the tasks that needed more than one: why a first try
+    failed, in the message of an assertion that expected none to."""
+    return {f"{task} try {n}": task_log(airflow, run_id, task, n)[-3000:]
+            for task, (_, tries) in states.items() for n in range(1, tries)}
+
+
 def run_spec(artifacts: Path, run_id: str) -> dict:
     """The job spec the run's stages ran with (``spec.json`` in its run directory)."""
     return json.loads((RunDir.for_run(str(artifacts), DAG, run_id).root / "spec.json").read_text())
@@ -145,7 +152,7 @@ def test_the_timed_run_trains_with_the_deployments_job_defaults(airflow, deploym
     # next test's Asset-triggered run is the next there): it publishes v0001, and the job spec's
     # default promotion (auto) promotes it, there being no promoted version to compare against
     version = deployment_defaults.artifacts / "models" / "small_cnn" / "v0001"
-    assert states == {t: ("success", 1) for t in TASKS}, states  # every task, first try
+    assert states == {t: ("success", 1) for t in TASKS}, (states, earlier_tries(airflow, run["dag_run_id"], states))  # every task, first try
     publish = result(airflow, run["dag_run_id"], "publish")
     assert publish["version"] == "v0001" and publish["uri"] == str(version), publish
     promote = result(airflow, run["dag_run_id"], "promote")
@@ -172,7 +179,7 @@ def test_a_run_triggered_over_the_rest_api_publishes_a_version_with_its_conf_ove
     run = airflow.api.get(run_path(run_id))
     states = task_states(airflow, run_id)
     assert run["state"] == "success", states
-    assert all(states[t] == ("success", 1) for t in TASKS[:-1]), states  # first tries; promote: the next test's
+    assert all(states[t] == ("success", 1) for t in TASKS[:-1]), (states, earlier_tries(airflow, run_id, states))  # first tries; promote: the next test's
     publish = result(airflow, run_id, "publish")
     version = artifacts / "models" / "small_cnn" / "v0001"
     assert publish["version"] == "v0001" and publish["uri"] == str(version)
@@ -200,7 +207,7 @@ def test_a_manual_approval_nobody_answers_takes_its_default_at_the_deadline(airf
     states = task_states(airflow, run_id)
     assert run["state"] == "success", states
     assert states["approve"] == ("success", 1) and states["promote"][0] == "skipped", states
-    assert all(states[t] == ("success", 1) for t in TASKS[:-2]), states
+    assert all(states[t] == ("success", 1) for t in TASKS[:-2]), (states, earlier_tries(airflow, run_id, states))
     approve = result(airflow, run_id, "approve")
     assert approve["chosen_options"] == ["Reject"] and approve["timed_out"] is True, approve
     assert "deadline passed without an answer: the default 'Reject' was applied" in approve["reason"], approve
@@ -283,7 +290,8 @@ def test_a_backfill_of_six_days_runs_two_at_a_time_each_on_its_own_partition_and
     assert [r["logical_date"][:10] for r in runs] == BACKFILL_DAYS  # one run a day
     for run in runs:  # no failed task, not even a failed try that a retry hid
         states = task_states(airflow, run["dag_run_id"])
-        assert states == {t: ("success", 1) for t in TASKS}, (run["dag_run_id"], states)
+        assert states == {t: ("success", 1) for t in TASKS}, (run["dag_run_id"], states,
+                                                           earlier_tries(airflow, run["dag_run_id"], states))
     assert most_at_once(runs) == 2  # max_active_runs: two at once, never more
     NOTES.append(f"backfill of {len(runs)} days, two at a time: {most_at_once(runs)} runs at once at most")
     versions, run_dirs, recompared = [], set(), 0
