@@ -299,16 +299,19 @@ class Airflow:
         path = self.home / f"{name}.log"
         return path.read_text(errors="replace")[-chars:] if path.exists() else ""
 
-    def wait(self, ready, timeout: float, what: str, every: float = 2.0):
-        """``ready()``'s first true value within ``timeout`` seconds; fails naming ``what``."""
+    def wait(self, ready, timeout: float, what, every: float = 2.0):
+        """``ready()``'s first true value within ``timeout`` seconds; fails naming ``what``: a
+        string, or a function called at the timeout, so that what it says (a run's task states)
+        is what held then, not what held when the wait began."""
         deadline = time.monotonic() + timeout
         while True:
             value = ready()
             if value:
                 return value
             if time.monotonic() > deadline:
+                said = what() if callable(what) else what
                 logs = "\n".join(f"--- {n}:\n{self.log_tail(n, 2000)}" for n in self.procs)
-                raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}\n{logs}")
+                raise AssertionError(f"timed out after {timeout:.0f} s waiting for {said}\n{logs}")
             time.sleep(every)
 
     def processes(self) -> list[int]:

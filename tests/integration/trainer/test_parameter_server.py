@@ -105,6 +105,7 @@ def test_async_converges_and_the_fast_worker_does_more(tmp_path):
     assert_quota_enforced(result.quota_enforced)
 
 
+@pytest.mark.timing  # the fast worker must really be faster: beside the other suites, it once was not
 def test_bounded_is_stale_synchronous_under_a_slowed_worker(tmp_path):
     """SSP (pipelines.train.ps_clock): the fast worker waits for the quota-limited one, so no update
     begins more than s clocks ahead of the slowest worker and none is combined more than
