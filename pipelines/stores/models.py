@@ -68,6 +68,24 @@ def open_filesystem(uri: str, field: str) -> tuple[Any, str, bool]:
     return fs, root, isinstance(fs, pafs.LocalFileSystem)
 
 
+def list_folder(fs: Any, path: str) -> list:
+    """``fs.get_file_info`` of what ``path`` holds, or [] where there is no such folder, also while
+    another process is creating it.  pyarrow's ``allow_not_found`` looks for the folder only after
+    a listing failed, so a folder created between the two makes the listing raise
+    FileNotFoundError (seen with runs publishing a model's first versions at once); listed again,
+    it is there."""
+    import pyarrow.fs as pafs
+
+    selector = pafs.FileSelector(path, allow_not_found=True)
+    for attempt in range(3):
+        try:
+            return fs.get_file_info(selector)
+        except FileNotFoundError:
+            if attempt == 2:
+                raise
+    return []
+
+
 class ModelStore:
     """The versions of the models under one store URI."""
 
@@ -107,9 +125,8 @@ class ModelStore:
         """Every claimed version folder of ``name``: ``(number, folder name)``, in order."""
         import pyarrow.fs as pafs
 
-        selector = pafs.FileSelector(self.model_dir(name), allow_not_found=True)
         found = []
-        for info in self.fs.get_file_info(selector):
+        for info in list_folder(self.fs, self.model_dir(name)):
             if info.type == pafs.FileType.Directory and (m := VERSION.match(info.base_name)):
                 found.append((int(m[1]), info.base_name))
         return sorted(found)
@@ -157,8 +174,7 @@ class ModelStore:
     def _candidates(self, name: str, version: str) -> list[str]:
         import pyarrow.fs as pafs
 
-        selector = pafs.FileSelector(f"{self.model_dir(name)}/{version}/{CANDIDATES}", allow_not_found=True)
-        return sorted(i.base_name for i in self.fs.get_file_info(selector)
+        return sorted(i.base_name for i in list_folder(self.fs, f"{self.model_dir(name)}/{version}/{CANDIDATES}")
                       if i.type == pafs.FileType.File and i.base_name.endswith(".json"))
 
     def _next_number(self, name: str) -> str:

@@ -26,7 +26,7 @@ import uuid
 from typing import Any
 
 from pipelines.errors import StageError
-from pipelines.stores.models import open_filesystem
+from pipelines.stores.models import list_folder, open_filesystem
 from pipelines.stores.rundir import input_key
 
 # Column name -> (pyarrow type name, required).  Features are those of
@@ -218,8 +218,7 @@ class ProfileBank:
     def files(self, table: str) -> list[str]:
         import pyarrow.fs as pafs
 
-        selector = pafs.FileSelector(f"{self.root}/{table}", allow_not_found=True)
-        infos = self.fs.get_file_info(selector)
+        infos = list_folder(self.fs, f"{self.root}/{table}")  # also while another run creates the folder
         return sorted(i.path for i in infos if i.type == pafs.FileType.File
                       and i.base_name.startswith("part-") and i.base_name.endswith(".parquet"))
 

@@ -9,7 +9,7 @@ import os
 import pytest
 
 from pipelines.errors import StageError
-from pipelines.stores.models import ModelStore
+from pipelines.stores.models import ModelStore, list_folder
 
 
 @pytest.fixture
@@ -138,3 +138,28 @@ def test_a_number_every_candidate_withdrew_from_is_taken_again_and_a_held_one_is
     assert not store._try_claim("cnn", "v0005", "k5")
     assert sorted(p.name for p in (tmp_path / "store" / "cnn" / "v0005" / "claims").iterdir()) == ["other.json"]
     assert not (tmp_path / "store" / "cnn" / "v0005" / "claim.json").exists()
+
+
+class CreatedWhileListed:
+    """The local filesystem, where another process creates the listed folder in the instant between
+    pyarrow's failed listing and its look for the folder: what ``allow_not_found`` then raises
+    (FileNotFoundError; reproduced with a process creating folders while another lists them)."""
+
+    def __init__(self, folder):
+        import pyarrow.fs as pafs
+
+        self.fs, self.folder, self.raised = pafs.LocalFileSystem(), folder, 0
+
+    def get_file_info(self, selector):
+        if not self.raised:
+            self.raised += 1
+            self.folder.mkdir()
+            (self.folder / "v0001").mkdir()
+            raise FileNotFoundError(f"Cannot list directory '{self.folder}'. Detail: [errno 2] No such file or directory")
+        return self.fs.get_file_info(selector)
+
+
+def test_a_folder_created_while_it_is_listed_is_listed_again_not_an_error(tmp_path):
+    fs = CreatedWhileListed(tmp_path / "cnn")
+    assert [i.base_name for i in list_folder(fs, str(tmp_path / "cnn"))] == ["v0001"] and fs.raised == 1
+    assert list_folder(fs, str(tmp_path / "absent")) == []  # no folder: nothing, as before
