@@ -1,6 +1,7 @@
 """The pool's allreduce, measured: a short Gloo allreduce between ranks placed as the pool's device
-types, fitted as ``seconds = latency + 2·(N−1)/N · bytes / bandwidth`` and stored in the profile
-bank per pool and launcher (docs/ARCHITECTURE.md, "The learned estimator").
+types, fitted as ``seconds = latency + 2·(N−1)/N · bytes / bandwidth``, and what a training's start
+costs per model variable (the slowest rank's build and the broadcast of rank 0's weights), stored
+in the profile bank per pool and launcher (docs/ARCHITECTURE.md, "The learned estimator").
 
 The ranks (:func:`pipelines.core.plan.probe_plan`: one per device, a device of each type in turn,
 at most :data:`MAX_RANKS`) run ``python -m pipelines.estimate.probe``; rank 0 prints the fit.
@@ -32,6 +33,7 @@ from pipelines.sync.horovod_job import horovod_job, print_result, start_rank
 
 SIZES_BYTES = (4 << 10, 256 << 10, 2 << 20, 8 << 20)
 REPEATS = 12
+START_BLOCKS = (1, 8)  # conv and batch-normalisation blocks of the two timed starts
 MAX_RANKS = PROBE_RANKS
 
 
@@ -47,11 +49,39 @@ def fit_link(ranks: int, sizes: list[int], seconds: list[float]) -> dict[str, fl
     return {"latency_s": max(latency, 1e-6), "bandwidth_bps": 1e6 / per_mb if per_mb > 0 else 1e12}
 
 
+def start_per_variable_s(hvd: Any, tf: Any) -> float:
+    """Seconds per model variable that a training's start costs rank 0 beyond building its own
+    model: every rank builds the model, then rank 0's weights are broadcast
+    (``hvd.broadcast_variables``), which waits for the slowest rank's model and traces an op per
+    variable.  On a quota-limited rank both grow with the variables far more than with the bytes
+    (measured on the local three-type pool: startup grew by about 15 ms a variable with a
+    0.3-core rank).  Timed here as the trainer's start is, on two small Keras models of conv,
+    batch-normalisation and dense layers, from a moment every rank shares (an allreduce) to the end
+    of the broadcast, less rank 0's own build; the difference of the two per variable."""
+    def seconds(blocks: int) -> tuple[float, int]:
+        layers = [tf.keras.Input((8, 8, 1))]
+        for _ in range(blocks):
+            layers += [tf.keras.layers.Conv2D(4, 3, padding="same"), tf.keras.layers.BatchNormalization()]
+        layers += [tf.keras.layers.Flatten(), tf.keras.layers.Dense(10)]
+        hvd.allreduce(tf.constant(0.0), op=hvd.Sum).numpy()  # every rank starts here
+        t0 = time.perf_counter()
+        model = tf.keras.Sequential(layers)
+        built = time.perf_counter() - t0
+        hvd.broadcast_variables(model.variables, root_rank=0)
+        return time.perf_counter() - t0 - built, len(model.variables)
+
+    seconds(START_BLOCKS[0])  # the first start also loads what every later one reuses
+    (few, n_few), (many, n_many) = (min(seconds(b) for _ in range(2)) for b in START_BLOCKS)
+    return max(0.0, many - few) / (n_many - n_few)  # rank 0's is the one it prints, as the trainer's start is rank 0's
+
+
 def link_row(pool: PoolSpec, launcher: str, measured: dict[str, Any], source: str) -> dict[str, Any]:
     """The bank's ``links`` row of rank 0's fit, keyed as the estimate reads it
     (``pool_key(pool, launcher)``, :func:`pipelines.estimate.stage.pool_link`)."""
     return {"pool_key": pool_key(pool, launcher), "ranks": measured["ranks"], "latency_s": measured["latency_s"],
-            "bandwidth_bps": measured["bandwidth_bps"], "source": source, "recorded_at": now()}
+            "bandwidth_bps": measured["bandwidth_bps"],
+            "start_per_variable_s": measured.get("start_per_variable_s"), "source": source,
+            "recorded_at": now()}
 
 
 def rank_parser() -> argparse.ArgumentParser:
@@ -95,9 +125,10 @@ def rank_main(argv: list[str] | None = None) -> int:
                 times.append(time.perf_counter() - t0)
             times = hvd.allgather(tf.constant([sorted(times)[len(times) // 2]], tf.float64)).numpy()
             medians.append(float(times.max()))  # the collective ends for all with the slowest
+        per_variable = start_per_variable_s(hvd, tf)
         if hvd.rank() == 0:
             measured = {"ranks": hvd.size(), "sizes": list(SIZES_BYTES), "seconds": medians,
-                        **fit_link(hvd.size(), list(SIZES_BYTES), medians)}
+                        **fit_link(hvd.size(), list(SIZES_BYTES), medians), "start_per_variable_s": per_variable}
     if measured is None:
         return 0
     if args.bank:

@@ -3,7 +3,10 @@
 
 The trainer's ``train_seconds`` is predicted as the sum of:
 
-* ``startup``: restoring or warm-starting, and broadcasting rank 0's weights;
+* ``startup``: restoring or warm-starting, and broadcasting rank 0's weights: their bytes, and
+  for each of the model's variables the pool's measured cost of a start per variable
+  (``start_per_variable_s``, measured by the allreduce probe: the broadcast waits for the slowest
+  rank's model and traces an op per variable, both paid at a quota-limited rank's quota);
 * ``calibration``: each rank's timed probe before the first step (tracing the probe's graph, a
   warm-up step, then at least ``PROBE_STEPS`` steps and ``PROBE_SECONDS``), the slowest rank's;
 * ``tracing``: building the training step's graph, from the bank's tracing law of each device
@@ -47,15 +50,20 @@ DEFAULT_LINK = {"latency_s": 0.002, "bandwidth_bps": LOCAL_BANDWIDTH_BPS, "measu
 
 
 def predict_parts(plan: dict[str, Any], profiles: dict[str, dict[str, Any]], *, param_bytes: float, slots: int,
-                  checkpoint_every: int, corrections: dict[str, Any] | None = None) -> dict[str, Any]:
-    """The predicted parts of the plan's training time (seconds) and their corrected sum."""
+                  checkpoint_every: int, corrections: dict[str, Any] | None = None, variables: int = 0,
+                  start_per_variable_s: float | None = None) -> dict[str, Any]:
+    """The predicted parts of the plan's training time (seconds) and their corrected sum.  The start
+    of a Horovod plan of several ranks costs ``start_per_variable_s`` for each of the model's
+    ``variables`` (None: not measured for the pool, left out)."""
     ranks = plan["ranks"]
+    broadcast = len(ranks) > 1 and plan.get("strategy") != "parameter_server"
     steps_total = int(plan["steps_per_epoch"]) * int(plan["epochs"])
     step_i = [profiles[r["device"]]["fixed_s"] + profiles[r["device"]]["per_sample_s"] * r["batch"] for r in ranks]
     traces = [profiles[r["device"]].get("trace_s") or 0.0 for r in ranks]
     saves = int(plan["epochs"]) + steps_total // max(1, checkpoint_every)
     raw = {
-        "startup": 0.05 + (param_bytes / 1e9 if len(ranks) > 1 else 0.0),
+        "startup": 0.05 + (param_bytes / 1e9 if len(ranks) > 1 else 0.0)
+        + (variables * (start_per_variable_s or 0.0) if broadcast else 0.0),
         "calibration": max(max(PROBE_SECONDS, PROBE_STEPS * s) + s + t for s, t in zip(step_i, traces, strict=True)),
         "tracing": max(traces),
         "steps": steps_total * float(plan["predicted_step_s"]),

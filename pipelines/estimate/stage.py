@@ -193,7 +193,8 @@ def to_calibrate(spec: JobSpec, pool: PoolSpec, rows: list[dict[str, Any]], mode
 
 
 def pool_link(spec: JobSpec, pool: PoolSpec, bank: Any, key: str) -> dict[str, Any]:
-    """The pool's allreduce latency and bandwidth from the bank; a local pool without one is
+    """The pool's allreduce latency and bandwidth, and its start's broadcast per variable (None
+    in rows stored before it was measured), from the bank; a local pool without one is
     probed now (a few seconds) and stored; a Kubernetes pool without one gets a default, said so."""
     link = bank.link(key)
     if link is None and spec.launcher == "local" and sum(d.count for d in pool.device_types) > 1:
@@ -203,7 +204,7 @@ def pool_link(spec: JobSpec, pool: PoolSpec, bank: Any, key: str) -> dict[str, A
     if link is None:
         return dict(DEFAULT_LINK)
     return {"latency_s": link["latency_s"], "bandwidth_bps": link["bandwidth_bps"], "measured": True,
-            "source": link["source"]}
+            "source": link["source"], "start_per_variable_s": link.get("start_per_variable_s")}
 
 
 def _calibration_hash(folder: Path, pool: PoolSpec) -> list[str | None]:
@@ -240,7 +241,7 @@ def run(spec: JobSpec, run_dir: RunDir, ctx: StageContext) -> dict:
     planned = _plan(spec, pool, profiles, rows_train, features, link)
     corrections = learned_corrections(bank.runs(), pkey)
     alternative = planned.pop("alternative", None)  # auto: the other strategy on the same ranks
-    timed = [_timed(spec, p, profiles, features, corrections) for p in (planned, alternative) if p is not None]
+    timed = [_timed(spec, p, profiles, features, corrections, link) for p in (planned, alternative) if p is not None]
     if spec.training.strategy == "auto":  # by time to the target loss, not throughput alone
         timed = time_to_accuracy(timed, bank.read("convergence"), pkey, model_key, spec.dataset.uri, spec.training)
     chosen = pick_strategy(timed, spec.training.strategy)
@@ -293,12 +294,14 @@ def _plan(spec: JobSpec, pool: PoolSpec, profiles: dict, rows_train: int, featur
     )
 
 
-def _timed(spec: JobSpec, planned: dict, profiles: dict, features: dict, corrections: dict) -> dict:
+def _timed(spec: JobSpec, planned: dict, profiles: dict, features: dict, corrections: dict, link: dict) -> dict:
     """``planned`` with its run time part by part: ``predicted_total_s`` the whole run's, ``predicted_loop_s``
     the steps' alone (what the planner compared)."""
     timing = predict_parts(planned, profiles, param_bytes=features["param_bytes"],
                            slots=optimizer_slots(spec.training.optimizer),
-                           checkpoint_every=spec.training.checkpoint_every_steps, corrections=corrections)
+                           checkpoint_every=spec.training.checkpoint_every_steps, corrections=corrections,
+                           variables=int(features.get("variables") or 0),
+                           start_per_variable_s=link.get("start_per_variable_s"))
     return {**planned, "predicted_loop_s": planned["predicted_total_s"], "predicted_total_s": timing["total_s"],
             "timing": timing}
 

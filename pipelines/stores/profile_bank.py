@@ -87,6 +87,7 @@ LINK_COLUMNS: dict[str, tuple[str, bool]] = {
     "ranks": ("int64", True),
     "latency_s": ("float64", True),
     "bandwidth_bps": ("float64", True),
+    "start_per_variable_s": ("float64", False),  # a start's cost per model variable (older rows: none)
     "source": ("string", True),
     "recorded_at": ("string", True),
 }

@@ -171,6 +171,7 @@ def test_the_probe_gang_spans_the_device_types_and_stores_the_pools_kubernetes_l
     (row,) = [r for r in _bank(cluster, "links") if r["pool_key"] == key]  # written by rank 0, on the claim
     assert (row["latency_s"], row["bandwidth_bps"], row["source"]) == (result["latency_s"], result["bandwidth_bps"],
                                                                        result["source"])
+    assert 0 < row["start_per_variable_s"] == result["start_per_variable_s"] < 0.5  # a start's, per variable
 
 
 def test_the_reference_runs_train_as_a_kubernetes_run_and_land_in_the_bank(cluster, params, probed, monkeypatch):
@@ -201,7 +202,8 @@ def test_the_reference_runs_train_as_a_kubernetes_run_and_land_in_the_bank(clust
     # the estimate planned with the probed link, not the default guess
     probe = probed["result"]
     assert run["link"] == {"latency_s": probe["latency_s"], "bandwidth_bps": probe["bandwidth_bps"],
-                           "measured": True, "source": probe["source"]}
+                           "measured": True, "source": probe["source"],
+                           "start_per_variable_s": probe["start_per_variable_s"]}
     # the stages ran as a Kubernetes training's: a calibration pod per type, then the plan's rank
     # pods, each on its type's node
     assert sorted(_on_their_nodes(seen, "calibration", "reference_runs-estimate-calibration")) == [

@@ -81,4 +81,6 @@ def test_the_allreduce_probe_stores_the_pools_link(tmp_path):
     assert result["seconds"][-1] > result["seconds"][0]  # 8 MB takes longer than 4 KB
     link = ProfileBank(str(tmp_path / "bank")).link(pool_key(load_pool(POOL), "local"))
     assert link["latency_s"] > 0 and link["bandwidth_bps"] > 0
+    # a start's broadcast, per variable: Horovod's op for each, here paid at the slow rank's quota
+    assert 0 < link["start_per_variable_s"] == result["start_per_variable_s"] < 0.5
     assert_quota_enforced(result["quota_enforced"])  # the link as the slow device's quota makes it

@@ -89,3 +89,22 @@ def test_auto_picks_by_time_to_the_target_loss_not_throughput_alone():
     assert pick_strategy(time_to_accuracy(plans, [hvd, quick], "pool", "m", "/data", Training), "auto")["strategy"] == "parameter_server"
     chosen = pick_strategy(time_to_accuracy(plans, [], "pool", "m", "/data", Training), "auto")
     assert chosen["strategy"] == "parameter_server" and "no run of parameter_server/async/plain" in chosen["strategy_reason"]
+
+
+def test_a_horovod_start_broadcasts_each_variable_at_the_pools_measured_cost():
+    """``startup``: a Horovod plan of several ranks pays the probe's per-variable broadcast for each
+    of the model's variables; one rank broadcasts nothing, a parameter-server plan's workers read
+    the servers' variables instead, and a pool probed before the figure existed (None) adds nothing."""
+    best = auto_plan(SMALL_MODEL)
+    horovod, ps = best["alternative"], best
+    assert horovod["strategy"] == "horovod" and len(horovod["ranks"]) > 1
+
+    def startup(plan, **kw):
+        return predict_parts(plan, PROFILES, param_bytes=4e5, slots=1, checkpoint_every=200, **kw)["parts"]["startup"]
+
+    base = startup(horovod)
+    assert startup(horovod, variables=40, start_per_variable_s=0.015) == pytest.approx(base + 0.6)
+    assert startup(horovod, variables=40, start_per_variable_s=None) == pytest.approx(base)
+    assert startup(ps, variables=40, start_per_variable_s=0.015) == pytest.approx(startup(ps))
+    one = {**horovod, "ranks": horovod["ranks"][:1]}
+    assert startup(one, variables=40, start_per_variable_s=0.015) == pytest.approx(startup(one)) == pytest.approx(0.05)

@@ -175,9 +175,9 @@ def test_stage_kubernetes_plans_with_the_pools_probed_link_instead_of_the_defaul
     for i, dev in enumerate(pool.device_types):
         bank.append("steps", synthetic_rows(dev.name, device_key(dev, "kubernetes"), seed=i, speed=1 + 2 * i))
 
-    def link(key, latency, source):
+    def link(key, latency, source, at="2026-01-01T00:00:00+00:00", **more):
         bank.append("links", [{"pool_key": key, "ranks": 2, "latency_s": latency, "bandwidth_bps": 5e8,
-                               "source": source, "recorded_at": "2026-01-01T00:00:00+00:00"}])
+                               "source": source, "recorded_at": at, **more}])
 
     def comm_s(result, latency, bandwidth):  # what the plan's step waits for the allreduce
         ranks, param_bytes = len(result["plan"]["ranks"]), result["model"]["param_bytes"]
@@ -192,8 +192,15 @@ def test_stage_kubernetes_plans_with_the_pools_probed_link_instead_of_the_defaul
     probed = run(spec, run_dir, StageContext(fresh=True))
     assert probed["pool_key"] == pool_key(pool, "kubernetes")
     assert probed["link"] == {"latency_s": 0.004, "bandwidth_bps": 5e8, "measured": True,
-                              "source": "probe profile_pool/r1"}
+                              "source": "probe profile_pool/r1", "start_per_variable_s": None}  # a row from before it was measured
     assert probed["plan"]["allreduce_s"] == pytest.approx(comm_s(probed, 0.004, 5e8))
+    # a newer probe measured the start's broadcast too: each of the model's variables costs it
+    link(pool_key(pool, "kubernetes"), 0.004, "probe profile_pool/r2", at="2026-01-02T00:00:00+00:00",
+         start_per_variable_s=0.01)
+    again = run(spec, run_dir, StageContext(fresh=True))
+    assert again["link"]["start_per_variable_s"] == 0.01 and len(again["plan"]["ranks"]) > 1
+    startup = again["plan"]["timing"]["uncorrected"]["startup"] - probed["plan"]["timing"]["uncorrected"]["startup"]
+    assert again["model"]["variables"] == 4 and startup == pytest.approx(4 * 0.01)  # tiny_mlp: two kernels, two biases
 
 
 def test_stage_local_rerun_reuses_its_result_after_calibrating(tmp_path, monkeypatch):
