@@ -177,8 +177,13 @@ def test_sync_rounds_over_two_sharded_parameter_servers_follow_each_workers_spee
     assert fast["round_share"] + slow["round_share"] == pytest.approx(1.0, abs=1e-3)
     assert fast["samples"] + slow["samples"] == 3500
     if result.quota_enforced:  # the slow worker is slow only under a real quota
+        # Cut in four, the fast worker takes a third chunk when its first two end before the slow
+        # worker's one (here about 84 against 108 ms, so the 0.15 quota's bursts can tip a round
+        # either way): over the two rounds it trains more than half the rows, which a round handed
+        # out in equal shares never does
         finer = [sum(c["samples"] for c in per_round[r] if c["worker"] == 0) for r in (3, 4)]
-        assert fast["rows_per_s"] > 2 * slow["rows_per_s"] and finer == [384, 384], (finer, json.dumps(ps))
+        assert fast["rows_per_s"] > 2 * slow["rows_per_s"] and sum(finer) > 512 and min(finer) >= 256, (
+            finer, json.dumps(ps))
         cuts = ps["round_cut_s_per_row"]
         assert cuts["2"] < cuts["1"] and ps["round_cut"] >= 2, json.dumps(ps)  # the finer cut paid
 
