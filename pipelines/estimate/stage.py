@@ -193,7 +193,7 @@ def to_calibrate(spec: JobSpec, pool: PoolSpec, rows: list[dict[str, Any]], mode
 
 
 def pool_link(spec: JobSpec, pool: PoolSpec, bank: Any, key: str) -> dict[str, Any]:
-    """The pool's allreduce latency and bandwidth, and its start's broadcast per variable (None
+    """The pool's allreduce latency and bandwidth, and its start's cost per model variable (None
     in rows stored before it was measured), from the bank; a local pool without one is
     probed now (a few seconds) and stored; a Kubernetes pool without one gets a default, said so."""
     link = bank.link(key)
