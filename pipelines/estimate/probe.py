@@ -58,10 +58,13 @@ def start_per_variable_s(hvd: Any, tf: Any) -> float:
     0.3-core rank).  Timed here as the trainer's start is, on two small Keras models of conv,
     batch-normalisation and dense layers, from a moment every rank shares (an allreduce) to the end
     of the broadcast, less rank 0's own build; the difference of the two per variable."""
+    calls = iter(range(1, 1000))
+
     def seconds(blocks: int) -> tuple[float, int]:
+        width = 2 + next(calls)  # shapes of its own: Horovod's broadcast is traced anew, as a start's is
         layers = [tf.keras.Input((8, 8, 1))]
         for _ in range(blocks):
-            layers += [tf.keras.layers.Conv2D(4, 3, padding="same"), tf.keras.layers.BatchNormalization()]
+            layers += [tf.keras.layers.Conv2D(width, 3, padding="same"), tf.keras.layers.BatchNormalization()]
         layers += [tf.keras.layers.Flatten(), tf.keras.layers.Dense(10)]
         hvd.allreduce(tf.constant(0.0), op=hvd.Sum).numpy()  # every rank starts here
         t0 = time.perf_counter()

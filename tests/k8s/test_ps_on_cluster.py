@@ -127,7 +127,9 @@ def _kill_at_first_checkpoint(cluster, kube, run_id: str, run: Path, victim: str
     """SIGKILL ``victim`` at the first checkpoint, every task frozen (SIGSTOP) from the moment the
     checkpoint is seen until the kill, so it lands there however slowly this test runs."""
     pids = wait_for("every task's process", lambda: len(p := _task_pids(cluster, kube, run_id)) == tasks and p, 120, 0.02)
-    wait_for("a checkpoint", lambda: any((run / "train" / "checkpoints").glob("ckpt-*.index")), 180, 0.05)
+    # the manager's state file, written once a checkpoint is whole (its index can appear first): a
+    # kill before it leaves the retry nothing to resume from
+    wait_for("a checkpoint", lambda: (run / "train" / "checkpoints" / "checkpoint").exists(), 180, 0.05)
     for pid in pids.values():
         os.kill(pid, signal.SIGSTOP)
     os.kill(pids[victim], signal.SIGKILL)
