@@ -106,7 +106,7 @@ def depth(layers: list[Any]) -> int:
 def model_features(model: Any) -> dict[str, Any]:
     """Features of a built Keras model.
 
-    Returns ``params``, ``trainable_params``, ``variables``, ``param_bytes``, ``layers`` (count by layer type),
+    Returns ``params``, ``trainable_params``, ``variables``, ``trainable_variables``, ``param_bytes``, ``layers`` (count by layer type),
     ``num_layers``, ``conv_filters`` (list, in order), ``dense_units`` (list, in order),
     ``input_size`` (elements per sample), ``output_size``, ``flops_per_sample`` (forward),
     ``train_flops_per_sample`` (≈ 3× forward), ``activation_bytes_per_sample`` (sum of every
@@ -148,6 +148,7 @@ def model_features(model: Any) -> dict[str, Any]:
         "params": params,
         "trainable_params": trainable,
         "variables": len(model.variables),  # what a Horovod start broadcasts, one op each
+        "trainable_variables": len(model.trainable_variables),  # a gradient each, allreduced in a Horovod step
         "param_bytes": params * BYTES_PER_FLOAT,
         "layers": dict(sorted(counts.items())),
         "num_layers": len(leaves),

@@ -1,7 +1,9 @@
 """The pool's allreduce, measured: a short Gloo allreduce between ranks placed as the pool's device
-types, fitted as ``seconds = latency + 2·(N−1)/N · bytes / bandwidth``, and what a training's start
-costs per model variable (the slowest rank's build and the broadcast of rank 0's weights), stored
-in the profile bank per pool and launcher (docs/ARCHITECTURE.md, "The learned estimator").
+types, fitted as ``seconds = latency + 2·(N−1)/N · bytes / bandwidth``, what a training's start
+costs per model variable (the slowest rank's build and the broadcast of rank 0's weights), and what
+Horovod's training step adds to tracing beyond a plain step's, fixed and per trainable variable
+(:func:`start_and_trace`), stored in the profile bank per pool and launcher (docs/ARCHITECTURE.md,
+"The learned estimator").
 
 The ranks (:func:`pipelines.core.plan.probe_plan`: one per device, a device of each type in turn,
 at most :data:`MAX_RANKS`) run ``python -m pipelines.estimate.probe``; rank 0 prints the fit.
@@ -19,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import io
+import itertools
 import sys
 import time
 from typing import Any
@@ -33,8 +36,10 @@ from pipelines.sync.horovod_job import horovod_job, print_result, start_rank
 
 SIZES_BYTES = (4 << 10, 256 << 10, 2 << 20, 8 << 20)
 REPEATS = 12
-START_BLOCKS = (1, 8)  # conv and batch-normalisation blocks of the two timed starts
+START_BLOCKS = (1, 8)  # conv and batch-normalisation blocks of the two timed models
+PROBE_SHAPE = (8, 8, 1)  # their inputs
 MAX_RANKS = PROBE_RANKS
+PER_VARIABLE = ("start_per_variable_s", "trace_fixed_s", "trace_per_variable_s")  # optional in the links table
 
 
 def fit_link(ranks: int, sizes: list[int], seconds: list[float]) -> dict[str, float]:
@@ -49,41 +54,115 @@ def fit_link(ranks: int, sizes: list[int], seconds: list[float]) -> dict[str, fl
     return {"latency_s": max(latency, 1e-6), "bandwidth_bps": 1e6 / per_mb if per_mb > 0 else 1e12}
 
 
-def start_per_variable_s(hvd: Any, tf: Any) -> float:
-    """Seconds per model variable that a training's start costs rank 0 beyond building its own
-    model: every rank builds the model, then rank 0's weights are broadcast
-    (``hvd.broadcast_variables``), which waits for the slowest rank's model and traces an op per
-    variable.  On a quota-limited rank both grow with the variables far more than with the bytes
-    (measured on the local three-type pool: startup grew by about 15 ms a variable with a
-    0.3-core rank).  Timed here as the trainer's start is, on two small Keras models of conv,
-    batch-normalisation and dense layers, from a moment every rank shares (an allreduce) to the end
-    of the broadcast, less rank 0's own build; the difference of the two per variable."""
-    calls = iter(range(1, 1000))
+def probe_model(tf: Any, blocks: int, width: int) -> Any:
+    """A small Keras model of ``blocks`` conv and batch-normalisation blocks ``width`` filters wide
+    on 8x8x1 inputs: what the start and tracing probes time.  A width of its own gives each model
+    shapes of its own, so Horovod traces its broadcast and allreduce anew, as a training's do."""
+    layers = [tf.keras.Input(PROBE_SHAPE)]
+    for _ in range(blocks):
+        layers += [tf.keras.layers.Conv2D(width, 3, padding="same"), tf.keras.layers.BatchNormalization()]
+    layers += [tf.keras.layers.Flatten(), tf.keras.layers.Dense(10)]
+    return tf.keras.Sequential(layers)
 
-    def seconds(blocks: int) -> tuple[float, int]:
-        width = 2 + next(calls)  # shapes of its own: Horovod's broadcast is traced anew, as a start's is
-        layers = [tf.keras.Input((8, 8, 1))]
-        for _ in range(blocks):
-            layers += [tf.keras.layers.Conv2D(width, 3, padding="same"), tf.keras.layers.BatchNormalization()]
-        layers += [tf.keras.layers.Flatten(), tf.keras.layers.Dense(10)]
-        hvd.allreduce(tf.constant(0.0), op=hvd.Sum).numpy()  # every rank starts here
-        t0 = time.perf_counter()
-        model = tf.keras.Sequential(layers)
-        built = time.perf_counter() - t0
-        hvd.broadcast_variables(model.variables, root_rank=0)
-        return time.perf_counter() - t0 - built, len(model.variables)
 
-    seconds(START_BLOCKS[0])  # the first start also loads what every later one reuses
-    (few, n_few), (many, n_many) = (min(seconds(b) for _ in range(2)) for b in START_BLOCKS)
-    return max(0.0, many - few) / (n_many - n_few)  # rank 0's is the one it prints, as the trainer's start is rank 0's
+def timed_start(hvd: Any, tf: Any, blocks: int, width: int) -> tuple[float, Any]:
+    """Rank 0's start of a fresh probe model, as the trainer's: every rank builds it, then rank 0's
+    weights are broadcast (``hvd.broadcast_variables``), timed from a moment every rank shares (an
+    allreduce) to the end of the broadcast, less this rank's own build; and the model."""
+    hvd.allreduce(tf.constant(0.0), op=hvd.Sum).numpy()  # every rank starts here
+    t0 = time.perf_counter()
+    model = probe_model(tf, blocks, width)
+    built = time.perf_counter() - t0
+    hvd.broadcast_variables(model.variables, root_rank=0)
+    return time.perf_counter() - t0 - built, model
+
+
+def first_call_s(call: Any, steady_calls: int = 3) -> float:
+    """A ``tf.function``'s first call (tracing it) beyond one of its steady calls (the mean of
+    ``steady_calls`` after it)."""
+    t0 = time.perf_counter()
+    call()
+    first = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    for _ in range(steady_calls):
+        call()
+    return max(0.0, first - (time.perf_counter() - t0) / steady_calls)
+
+
+def horovod_trace_s(hvd: Any, tf: Any, model: Any) -> tuple[float, int]:
+    """What the training step of Horovod (:func:`pipelines.sync.step.build_steps`, the trainer's
+    own: its gradients allreduced in one group, then applied) adds to the tracing of a plain
+    training step of ``model`` (:func:`pipelines.estimate.calibrate.standalone_step`, what the
+    sweep's tracing law is measured with): rank 0's first synchronous step beyond its steady step,
+    less the slowest rank's plain first step beyond its steady one.  The synchronous first step
+    ends for every rank when the slowest has traced its graph and the allreduce's tensors have
+    been negotiated, at the quota of each.  Also returns the slowest rank: its speed is the one
+    the figure was measured at."""
+    from pipelines.estimate.calibrate import standalone_step
+    from pipelines.sync.step import build_steps, make_optimizer, step_weight
+
+    rows = 16
+    x = tf.random.stateless_normal([rows, *PROBE_SHAPE], seed=[1, 2])
+    y = tf.zeros([rows], tf.int32)
+    plain = standalone_step(model, "sgd")
+    plain_s = hvd.allgather(tf.constant([first_call_s(lambda: plain(x, y).numpy())], tf.float64)).numpy()
+    slowest, slowest_plain = int(plain_s.argmax()), float(plain_s.max())
+    steps = build_steps(model, make_optimizer("sgd", 1e-3), hvd, PROBE_SHAPE, 0.0, 1.0)
+    weight = tf.constant(step_weight([rows] * hvd.size(), hvd.rank()), tf.float32)
+    lr = tf.constant(1e-3, tf.float32)
+    hvd.allreduce(tf.constant(0.0), op=hvd.Sum).numpy()  # every rank starts its first step here
+    synchronous_s = first_call_s(lambda: steps.train(x, y, weight, lr)[0].numpy())
+    return max(0.0, synchronous_s - slowest_plain), slowest
+
+
+def start_and_trace(hvd: Any, tf: Any) -> dict[str, float]:
+    """What a Horovod training's start and first step cost on the pool, from small models of
+    :data:`START_BLOCKS` blocks:
+
+    * ``start_per_variable_s``: rank 0's start (:func:`timed_start`: its broadcast waits for the
+      slowest rank's model and traces an op per variable), the best of two per model, its
+      difference between the two models per variable (measured on the local three-type pool:
+      about 15 to 20 ms a variable with a 0.3-core rank);
+    * ``trace_fixed_s`` and ``trace_per_variable_s``: what Horovod's synchronous step adds to the
+      plain step's tracing (:func:`horovod_trace_s`), as ``fixed + per_variable × trainable
+      variables``.  A process's first synchronous step also pays what every later one reuses
+      (Horovod's and the step's ops loaded and traced once: about 3 s on that pool, most of what the
+      first window costs beyond the sweep's law); a trainer pays it once, in its first window, so it
+      belongs to ``fixed``.  The first model's first step gives ``fixed`` plus its variables'
+      share; a second model of the same size, then the larger one, give the share per variable
+      (each figure at least 0).
+
+    All of them are paid at the slowest rank's speed: ``trace_rank`` is the rank whose plain
+    tracing was slowest (the estimate scales the figures to a plan's slowest rank).  Rank 0's
+    figures are the ones it prints, as the trainer's timings are rank 0's."""
+    widths = itertools.count(3)  # shapes of their own for every model
+    _, first = timed_start(hvd, tf, START_BLOCKS[0], next(widths))  # also loads what every later start reuses
+    first_trace, slowest = horovod_trace_s(hvd, tf, first)  # the process's first synchronous step
+    starts, traces, counts = [], [], []
+    for blocks in START_BLOCKS:
+        (s1, _), (s2, model) = (timed_start(hvd, tf, blocks, next(widths)) for _ in range(2))
+        starts.append((min(s1, s2), len(model.variables)))
+        traces.append(horovod_trace_s(hvd, tf, model)[0])
+        counts.append(len(model.trainable_variables))
+    (few, n_few), (many, n_many) = starts
+    per_variable = max(0.0, (traces[1] - traces[0]) / (counts[1] - counts[0]))
+    return {"start_per_variable_s": max(0.0, many - few) / (n_many - n_few),
+            "trace_per_variable_s": per_variable,
+            "trace_fixed_s": max(0.0, first_trace - per_variable * len(first.trainable_variables)),
+            "trace_rank": slowest}
 
 
 def link_row(pool: PoolSpec, launcher: str, measured: dict[str, Any], source: str) -> dict[str, Any]:
     """The bank's ``links`` row of rank 0's fit, keyed as the estimate reads it
-    (``pool_key(pool, launcher)``, :func:`pipelines.estimate.stage.pool_link`)."""
+    (``pool_key(pool, launcher)``, :func:`pipelines.estimate.stage.pool_link`), with the device
+    type whose speed the per-variable figures were paid at (``measured_on``)."""
+    ranks = probe_plan(pool, MAX_RANKS)["ranks"]  # as the probe's ranks were placed
+    rank = measured.get("trace_rank")
     return {"pool_key": pool_key(pool, launcher), "ranks": measured["ranks"], "latency_s": measured["latency_s"],
             "bandwidth_bps": measured["bandwidth_bps"],
-            "start_per_variable_s": measured.get("start_per_variable_s"), "source": source,
+            **{k: measured.get(k) for k in PER_VARIABLE},
+            "measured_on": ranks[rank]["device"] if rank is not None and 0 <= rank < len(ranks) else None,
+            "source": source,
             "recorded_at": now()}
 
 
@@ -128,10 +207,10 @@ def rank_main(argv: list[str] | None = None) -> int:
                 times.append(time.perf_counter() - t0)
             times = hvd.allgather(tf.constant([sorted(times)[len(times) // 2]], tf.float64)).numpy()
             medians.append(float(times.max()))  # the collective ends for all with the slowest
-        per_variable = start_per_variable_s(hvd, tf)
+        per_variable = start_and_trace(hvd, tf)
         if hvd.rank() == 0:
             measured = {"ranks": hvd.size(), "sizes": list(SIZES_BYTES), "seconds": medians,
-                        **fit_link(hvd.size(), list(SIZES_BYTES), medians), "start_per_variable_s": per_variable}
+                        **fit_link(hvd.size(), list(SIZES_BYTES), medians), **per_variable}
     if measured is None:
         return 0
     if args.bank:

@@ -6,11 +6,17 @@ The trainer's ``train_seconds`` is predicted as the sum of:
 * ``startup``: restoring or warm-starting, and broadcasting rank 0's weights: their bytes, and
   for each of the model's variables the pool's measured cost of a start per variable
   (``start_per_variable_s``, measured by the allreduce probe: the broadcast waits for the slowest
-  rank's model and traces an op per variable, both paid at a quota-limited rank's quota);
+  rank's model and traces an op per variable, both paid at the slowest rank's speed, scaled
+  from the probe's to the plan's);
 * ``calibration``: each rank's timed probe before the first step (tracing the probe's graph, a
   warm-up step, then at least ``PROBE_STEPS`` steps and ``PROBE_SECONDS``), the slowest rank's;
 * ``tracing``: building the training step's graph, from the bank's tracing law of each device
-  type, the slowest rank's (the first window's time beyond its steps);
+  type, the slowest rank's (the first window's time beyond its steps), and for a Horovod plan
+  what Horovod's step adds to it, measured for the pool by the allreduce probe as a fixed cost
+  and one per trainable variable (``trace_fixed_s``, ``trace_per_variable_s``: the process's
+  first synchronous step loads and traces what later ones reuse, the slowest rank traces each
+  gradient's allreduce and update at its quota, and the group's tensors are negotiated before
+  the first step ends), scaled from the probe's slowest rank to the plan's;
 * ``steps``: every step at the slowest rank's predicted step, plus the allreduce at the latency
   and bandwidth measured for the pool (``python -m pipelines probe-allreduce``);
 * ``checkpoints``: one save per epoch and every ``checkpoint_every_steps``, each writing the
@@ -51,21 +57,33 @@ DEFAULT_LINK = {"latency_s": 0.002, "bandwidth_bps": LOCAL_BANDWIDTH_BPS, "measu
 
 def predict_parts(plan: dict[str, Any], profiles: dict[str, dict[str, Any]], *, param_bytes: float, slots: int,
                   checkpoint_every: int, corrections: dict[str, Any] | None = None, variables: int = 0,
-                  start_per_variable_s: float | None = None) -> dict[str, Any]:
-    """The predicted parts of the plan's training time (seconds) and their corrected sum.  The start
-    of a Horovod plan of several ranks costs ``start_per_variable_s`` for each of the model's
-    ``variables`` (None: not measured for the pool, left out)."""
+                  trainable_variables: int = 0, start_per_variable_s: float | None = None,
+                  trace_fixed_s: float | None = None, trace_per_variable_s: float | None = None,
+                  measured_on: str | None = None) -> dict[str, Any]:
+    """The predicted parts of the plan's training time (seconds) and their corrected sum.
+
+    What the allreduce probe measured for the pool (None: not measured, left out) is added for a
+    Horovod plan: to its start, ``start_per_variable_s`` for each of the model's ``variables``
+    when it has several ranks; to its tracing, ``trace_fixed_s`` plus ``trace_per_variable_s`` for
+    each of its ``trainable_variables`` (one rank runs Horovod's step too).  The probe paid them at
+    the speed of its slowest rank, of device type ``measured_on``; the plan pays them at its own
+    slowest rank's, so they are scaled by the two types' tracing of this model (the sweep's law:
+    the same graph built on either)."""
     ranks = plan["ranks"]
-    broadcast = len(ranks) > 1 and plan.get("strategy") != "parameter_server"
+    horovod = plan.get("strategy") != "parameter_server"
+    broadcast = len(ranks) > 1 and horovod
     steps_total = int(plan["steps_per_epoch"]) * int(plan["epochs"])
     step_i = [profiles[r["device"]]["fixed_s"] + profiles[r["device"]]["per_sample_s"] * r["batch"] for r in ranks]
     traces = [profiles[r["device"]].get("trace_s") or 0.0 for r in ranks]
+    probed_on = (profiles.get(measured_on) or {}).get("trace_s") if measured_on else None
+    speed = max(traces) / probed_on if probed_on and max(traces) > 0 else 1.0  # > 1: slower than the probe's
     saves = int(plan["epochs"]) + steps_total // max(1, checkpoint_every)
     raw = {
         "startup": 0.05 + (param_bytes / 1e9 if len(ranks) > 1 else 0.0)
-        + (variables * (start_per_variable_s or 0.0) if broadcast else 0.0),
+        + (variables * (start_per_variable_s or 0.0) * speed if broadcast else 0.0),
         "calibration": max(max(PROBE_SECONDS, PROBE_STEPS * s) + s + t for s, t in zip(step_i, traces, strict=True)),
-        "tracing": max(traces),
+        "tracing": max(traces) + (((trace_fixed_s or 0.0) + trainable_variables * (trace_per_variable_s or 0.0)) * speed
+                                  if horovod else 0.0),
         "steps": steps_total * float(plan["predicted_step_s"]),
         "checkpoints": saves * (SAVE_FIXED_S + param_bytes * (2 + slots) / DISK_BPS),
         "other": 0.0,

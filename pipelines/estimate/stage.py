@@ -39,7 +39,7 @@ from pipelines.estimate.calibrate import model_key as calibration_key
 from pipelines.estimate.features import model_features
 from pipelines.estimate.planner import PSConfig, plan
 from pipelines.estimate.predict import bank_profiles
-from pipelines.estimate.probe import probe_pool
+from pipelines.estimate.probe import PER_VARIABLE, probe_pool
 from pipelines.estimate.runtime import DEFAULT_LINK, learned_corrections, pick_strategy, predict_parts
 from pipelines.models import build_model
 from pipelines.spec import JobSpec, PoolSpec, load_pool, pool_profiles_path
@@ -204,7 +204,7 @@ def pool_link(spec: JobSpec, pool: PoolSpec, bank: Any, key: str) -> dict[str, A
     if link is None:
         return dict(DEFAULT_LINK)
     return {"latency_s": link["latency_s"], "bandwidth_bps": link["bandwidth_bps"], "measured": True,
-            "source": link["source"], "start_per_variable_s": link.get("start_per_variable_s")}
+            "source": link["source"], **{k: link.get(k) for k in (*PER_VARIABLE, "measured_on")}}
 
 
 def _calibration_hash(folder: Path, pool: PoolSpec) -> list[str | None]:
@@ -301,7 +301,8 @@ def _timed(spec: JobSpec, planned: dict, profiles: dict, features: dict, correct
                            slots=optimizer_slots(spec.training.optimizer),
                            checkpoint_every=spec.training.checkpoint_every_steps, corrections=corrections,
                            variables=int(features.get("variables") or 0),
-                           start_per_variable_s=link.get("start_per_variable_s"))
+                           trainable_variables=int(features.get("trainable_variables") or 0),
+                           **{k: link.get(k) for k in (*PER_VARIABLE, "measured_on")})
     return {**planned, "predicted_loop_s": planned["predicted_total_s"], "predicted_total_s": timing["total_s"],
             "timing": timing}
 

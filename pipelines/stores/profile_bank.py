@@ -88,6 +88,9 @@ LINK_COLUMNS: dict[str, tuple[str, bool]] = {
     "latency_s": ("float64", True),
     "bandwidth_bps": ("float64", True),
     "start_per_variable_s": ("float64", False),  # a start's cost per model variable (older rows: none)
+    "trace_fixed_s": ("float64", False),  # what Horovod's step adds to tracing: fixed (older rows: none)
+    "trace_per_variable_s": ("float64", False),  # and per trainable variable (older rows: none)
+    "measured_on": ("string", False),  # the device type whose speed those were paid at (older rows: none)
     "source": ("string", True),
     "recorded_at": ("string", True),
 }

@@ -108,3 +108,39 @@ def test_a_horovod_start_broadcasts_each_variable_at_the_pools_measured_cost():
     assert startup(ps, variables=40, start_per_variable_s=0.015) == pytest.approx(startup(ps))
     one = {**horovod, "ranks": horovod["ranks"][:1]}
     assert startup(one, variables=40, start_per_variable_s=0.015) == pytest.approx(startup(one)) == pytest.approx(0.05)
+
+
+def test_a_horovod_step_traces_each_gradient_at_the_pools_measured_cost_scaled_to_its_slowest_rank():
+    """``tracing``: a Horovod plan adds what the probe measured Horovod's step to add beyond the
+    sweep's law, a fixed cost and one per trainable variable (not per variable: a batch
+    normalisation's moving statistics have no gradient), also with one rank (its trainer runs the
+    same step).  The probe paid them at its slowest rank's speed: a plan whose slowest rank traces
+    faster pays them that much faster, by the sweep's tracing law of the two types.  A
+    parameter-server plan's workers run no Horovod step, and a pool probed before the figures
+    existed (None) adds nothing."""
+    best = auto_plan(SMALL_MODEL)
+    horovod, ps = best["alternative"], best
+    assert horovod["strategy"] == "horovod" and {r["device"] for r in horovod["ranks"]} == {"fast", "slow"}
+    traced = {"fast": {**PROFILES["fast"], "trace_s": 0.2}, "slow": {**PROFILES["slow"], "trace_s": 0.8}}
+
+    def part(plan, name="tracing", **kw):
+        return predict_parts(plan, traced, param_bytes=4e5, slots=1, checkpoint_every=200, **kw)["parts"][name]
+
+    base = part(horovod)
+    assert base == pytest.approx(0.8)  # the sweep's law: the slowest rank's tracing
+    probed = {"trace_fixed_s": 1.5, "trace_per_variable_s": 0.05}
+    assert part(horovod, variables=60, trainable_variables=40, **probed) == pytest.approx(base + 1.5 + 2.0)
+    assert part(horovod, variables=60, trainable_variables=40, measured_on="slow", **probed) == pytest.approx(base + 3.5)
+    assert part(horovod, variables=60, trainable_variables=40) == pytest.approx(base)
+    assert part(horovod, trainable_variables=40, trace_fixed_s=None, trace_per_variable_s=None) == pytest.approx(base)
+    assert part(ps, trainable_variables=40, **probed) == pytest.approx(part(ps))
+    # one rank on the fast type, the probe's figures paid on the slow one: four times faster here
+    one = {**horovod, "ranks": [r for r in horovod["ranks"] if r["device"] == "fast"][:1]}
+    assert part(one) == pytest.approx(0.2)
+    assert part(one, trainable_variables=40, measured_on="slow", **probed) == pytest.approx(0.2 + 3.5 / 4)
+    assert part(one, trainable_variables=40, measured_on="gone", **probed) == pytest.approx(0.2 + 3.5)  # a type no longer in the pool: unscaled
+    # the start's broadcast is scaled the same way (and a plan of one rank broadcasts nothing)
+    fast_pair = {**horovod, "ranks": [{**r, "device": "fast"} for r in horovod["ranks"]]}
+    started = part(fast_pair, "startup", variables=40, start_per_variable_s=0.02, measured_on="slow")
+    assert started - part(fast_pair, "startup") == pytest.approx(40 * 0.02 / 4)
+    assert part(one, "startup", variables=40, start_per_variable_s=0.02, measured_on="slow") == pytest.approx(part(one, "startup"))

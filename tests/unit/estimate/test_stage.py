@@ -192,7 +192,9 @@ def test_stage_kubernetes_plans_with_the_pools_probed_link_instead_of_the_defaul
     probed = run(spec, run_dir, StageContext(fresh=True))
     assert probed["pool_key"] == pool_key(pool, "kubernetes")
     assert probed["link"] == {"latency_s": 0.004, "bandwidth_bps": 5e8, "measured": True,
-                              "source": "probe profile_pool/r1", "start_per_variable_s": None}  # a row from before it was measured
+                              "source": "probe profile_pool/r1", "start_per_variable_s": None,
+                              "trace_fixed_s": None, "trace_per_variable_s": None,
+                              "measured_on": None}  # a row from before they were measured
     assert probed["plan"]["allreduce_s"] == pytest.approx(comm_s(probed, 0.004, 5e8))
     # a newer probe measured the start's broadcast too: each of the model's variables costs it
     link(pool_key(pool, "kubernetes"), 0.004, "probe profile_pool/r2", at="2026-01-02T00:00:00+00:00",
@@ -201,6 +203,13 @@ def test_stage_kubernetes_plans_with_the_pools_probed_link_instead_of_the_defaul
     assert again["link"]["start_per_variable_s"] == 0.01 and len(again["plan"]["ranks"]) > 1
     startup = again["plan"]["timing"]["uncorrected"]["startup"] - probed["plan"]["timing"]["uncorrected"]["startup"]
     assert again["model"]["variables"] == 4 and startup == pytest.approx(4 * 0.01)  # tiny_mlp: two kernels, two biases
+    # a newer probe measured what Horovod's step adds to tracing: fixed, and per trainable variable
+    link(pool_key(pool, "kubernetes"), 0.004, "probe profile_pool/r3", at="2026-01-03T00:00:00+00:00",
+         start_per_variable_s=0.01, trace_fixed_s=0.5, trace_per_variable_s=0.02)
+    traced = run(spec, run_dir, StageContext(fresh=True))
+    assert (traced["link"]["trace_fixed_s"], traced["link"]["trace_per_variable_s"]) == (0.5, 0.02)
+    tracing = traced["plan"]["timing"]["uncorrected"]["tracing"] - again["plan"]["timing"]["uncorrected"]["tracing"]
+    assert traced["model"]["trainable_variables"] == 4 and tracing == pytest.approx(0.5 + 4 * 0.02)
 
 
 def test_stage_local_rerun_reuses_its_result_after_calibrating(tmp_path, monkeypatch):
