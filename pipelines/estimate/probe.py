@@ -23,6 +23,7 @@ import argparse
 import io
 import itertools
 import sys
+import tempfile
 import time
 from typing import Any
 
@@ -39,7 +40,7 @@ REPEATS = 12
 START_BLOCKS = (1, 8)  # conv and batch-normalisation blocks of the two timed models
 PROBE_SHAPE = (8, 8, 1)  # their inputs
 MAX_RANKS = PROBE_RANKS
-PER_VARIABLE = ("start_per_variable_s", "trace_fixed_s", "trace_per_variable_s")  # optional in the links table
+PER_VARIABLE = ("start_fixed_s", "start_per_variable_s", "trace_fixed_s", "trace_per_variable_s")  # optional in the links table
 
 
 def fit_link(ranks: int, sizes: list[int], seconds: list[float]) -> dict[str, float]:
@@ -65,13 +66,22 @@ def probe_model(tf: Any, blocks: int, width: int) -> Any:
     return tf.keras.Sequential(layers)
 
 
-def timed_start(hvd: Any, tf: Any, blocks: int, width: int) -> tuple[float, Any]:
-    """Rank 0's start of a fresh probe model, as the trainer's: every rank builds it, then rank 0's
-    weights are broadcast (``hvd.broadcast_variables``), timed from a moment every rank shares (an
-    allreduce) to the end of the broadcast, less this rank's own build; and the model."""
+def timed_start(hvd: Any, tf: Any, blocks: int, width: int, folder: str) -> tuple[float, Any]:
+    """Rank 0's start with a fresh probe model, as the trainer's: every rank sets up what a trainer
+    sets up before its start (the model, its optimizer, the checkpoint state and its manager in
+    ``folder``, the compiled steps), then rank 0's weights are broadcast
+    (``hvd.broadcast_variables``).  Timed from a moment every rank shares (an allreduce) to the
+    end of the broadcast, less this rank's own set-up: what it waits for the slowest rank's
+    set-up, and the broadcast.  Returns that and the model."""
+    from pipelines.sync.step import build_steps, make_optimizer
+
     hvd.allreduce(tf.constant(0.0), op=hvd.Sum).numpy()  # every rank starts here
     t0 = time.perf_counter()
     model = probe_model(tf, blocks, width)
+    optimizer = make_optimizer("sgd", 1e-3)
+    state = tf.train.Checkpoint(model=model, optimizer=optimizer, step=tf.Variable(0, dtype=tf.int64))
+    tf.train.CheckpointManager(state, f"{folder}/{width}", max_to_keep=1)
+    build_steps(model, optimizer, hvd, PROBE_SHAPE, 0.0, 1.0)
     built = time.perf_counter() - t0
     hvd.broadcast_variables(model.variables, root_rank=0)
     return time.perf_counter() - t0 - built, model
@@ -119,13 +129,16 @@ def start_and_trace(hvd: Any, tf: Any) -> dict[str, float]:
     """What a Horovod training's start and first step cost on the pool, from small models of
     :data:`START_BLOCKS` blocks:
 
-    * ``start_per_variable_s``: rank 0's start (:func:`timed_start`: its broadcast waits for the
-      slowest rank's model and traces an op per variable), the best of two per model, its
-      difference between the two models per variable (measured on the local three-type pool:
-      about 15 to 20 ms a variable with a 0.3-core rank);
+    * ``start_fixed_s`` and ``start_per_variable_s``: rank 0's start (:func:`timed_start`: its
+      broadcast waits for the slowest rank's set-up and traces an op per variable).  The
+      difference between the two models (the best of two starts each) gives the cost per
+      variable (on the local three-type pool with a 0.3-core rank, about 20 to 27 ms); the
+      process's first start, beyond its variables' share, the fixed cost: like a trainer's, it
+      pays what every later set-up reuses (a trainer's 0.3-core rank set itself up 0.7 s after
+      the full-core rank 0, which is what rank 0's start waited for beyond the broadcast);
     * ``trace_fixed_s`` and ``trace_per_variable_s``: what Horovod's synchronous step adds to the
       plain step's tracing (:func:`horovod_trace_s`), as ``fixed + per_variable × trainable
-      variables``.  A process's first synchronous step also pays what every later one reuses
+      variables``.  Likewise a process's first synchronous step also pays what every later one reuses
       (Horovod's and the step's ops loaded and traced once: about 3 s on that pool, most of what the
       first window costs beyond the sweep's law); a trainer pays it once, in its first window, so it
       belongs to ``fixed``.  The first model's first step gives ``fixed`` plus its variables'
@@ -136,17 +149,20 @@ def start_and_trace(hvd: Any, tf: Any) -> dict[str, float]:
     tracing was slowest (the estimate scales the figures to a plan's slowest rank).  Rank 0's
     figures are the ones it prints, as the trainer's timings are rank 0's."""
     widths = itertools.count(3)  # shapes of their own for every model
-    _, first = timed_start(hvd, tf, START_BLOCKS[0], next(widths))  # also loads what every later start reuses
-    first_trace, slowest = horovod_trace_s(hvd, tf, first)  # the process's first synchronous step
-    starts, traces, counts = [], [], []
-    for blocks in START_BLOCKS:
-        (s1, _), (s2, model) = (timed_start(hvd, tf, blocks, next(widths)) for _ in range(2))
-        starts.append((min(s1, s2), len(model.variables)))
-        traces.append(horovod_trace_s(hvd, tf, model)[0])
-        counts.append(len(model.trainable_variables))
+    with tempfile.TemporaryDirectory(prefix="probe-start-") as folder:
+        first_start, first = timed_start(hvd, tf, START_BLOCKS[0], next(widths), folder)  # the process's first
+        first_trace, slowest = horovod_trace_s(hvd, tf, first)  # the process's first synchronous step
+        starts, traces, counts = [], [], []
+        for blocks in START_BLOCKS:
+            (s1, _), (s2, model) = (timed_start(hvd, tf, blocks, next(widths), folder) for _ in range(2))
+            starts.append((min(s1, s2), len(model.variables)))
+            traces.append(horovod_trace_s(hvd, tf, model)[0])
+            counts.append(len(model.trainable_variables))
     (few, n_few), (many, n_many) = starts
+    start_per_variable = max(0.0, many - few) / (n_many - n_few)
     per_variable = max(0.0, (traces[1] - traces[0]) / (counts[1] - counts[0]))
-    return {"start_per_variable_s": max(0.0, many - few) / (n_many - n_few),
+    return {"start_fixed_s": max(0.0, first_start - start_per_variable * len(first.variables)),
+            "start_per_variable_s": start_per_variable,
             "trace_per_variable_s": per_variable,
             "trace_fixed_s": max(0.0, first_trace - per_variable * len(first.trainable_variables)),
             "trace_rank": slowest}

@@ -4,10 +4,10 @@
 The trainer's ``train_seconds`` is predicted as the sum of:
 
 * ``startup``: restoring or warm-starting, and broadcasting rank 0's weights: their bytes, and
-  for each of the model's variables the pool's measured cost of a start per variable
-  (``start_per_variable_s``, measured by the allreduce probe: the broadcast waits for the slowest
-  rank's model and traces an op per variable, both paid at the slowest rank's speed, scaled
-  from the probe's to the plan's);
+  what the allreduce probe measured a start to cost on the pool, fixed and per model variable
+  (``start_fixed_s``, ``start_per_variable_s``: the broadcast waits for the slowest rank to set
+  up its model, optimizer, checkpoint state and steps, and traces an op per variable, all paid
+  at the slowest rank's speed, scaled from the probe's to the plan's);
 * ``calibration``: each rank's timed probe before the first step (tracing the probe's graph, a
   warm-up step, then at least ``PROBE_STEPS`` steps and ``PROBE_SECONDS``), the slowest rank's;
 * ``tracing``: building the training step's graph, from the bank's tracing law of each device
@@ -57,14 +57,15 @@ DEFAULT_LINK = {"latency_s": 0.002, "bandwidth_bps": LOCAL_BANDWIDTH_BPS, "measu
 
 def predict_parts(plan: dict[str, Any], profiles: dict[str, dict[str, Any]], *, param_bytes: float, slots: int,
                   checkpoint_every: int, corrections: dict[str, Any] | None = None, variables: int = 0,
-                  trainable_variables: int = 0, start_per_variable_s: float | None = None,
+                  trainable_variables: int = 0, start_fixed_s: float | None = None,
+                  start_per_variable_s: float | None = None,
                   trace_fixed_s: float | None = None, trace_per_variable_s: float | None = None,
                   measured_on: str | None = None) -> dict[str, Any]:
     """The predicted parts of the plan's training time (seconds) and their corrected sum.
 
     What the allreduce probe measured for the pool (None: not measured, left out) is added for a
-    Horovod plan: to its start, ``start_per_variable_s`` for each of the model's ``variables``
-    when it has several ranks; to its tracing, ``trace_fixed_s`` plus ``trace_per_variable_s`` for
+    Horovod plan: to its start when it has several ranks, ``start_fixed_s`` (the wait for the
+    slowest rank's set-up) and ``start_per_variable_s`` for each of the model's ``variables``; to its tracing, ``trace_fixed_s`` plus ``trace_per_variable_s`` for
     each of its ``trainable_variables`` (one rank runs Horovod's step too).  The probe paid them at
     the speed of its slowest rank, of device type ``measured_on``; the plan pays them at its own
     slowest rank's, so they are scaled by the two types' tracing of this model (the sweep's law:
@@ -80,7 +81,7 @@ def predict_parts(plan: dict[str, Any], profiles: dict[str, dict[str, Any]], *, 
     saves = int(plan["epochs"]) + steps_total // max(1, checkpoint_every)
     raw = {
         "startup": 0.05 + (param_bytes / 1e9 if len(ranks) > 1 else 0.0)
-        + (variables * (start_per_variable_s or 0.0) * speed if broadcast else 0.0),
+        + (((start_fixed_s or 0.0) + variables * (start_per_variable_s or 0.0)) * speed if broadcast else 0.0),
         "calibration": max(max(PROBE_SECONDS, PROBE_STEPS * s) + s + t for s, t in zip(step_i, traces, strict=True)),
         "tracing": max(traces) + (((trace_fixed_s or 0.0) + trainable_variables * (trace_per_variable_s or 0.0)) * speed
                                   if horovod else 0.0),

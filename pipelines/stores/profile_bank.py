@@ -87,6 +87,7 @@ LINK_COLUMNS: dict[str, tuple[str, bool]] = {
     "ranks": ("int64", True),
     "latency_s": ("float64", True),
     "bandwidth_bps": ("float64", True),
+    "start_fixed_s": ("float64", False),  # a start's fixed cost: the slowest rank's set-up (older rows: none)
     "start_per_variable_s": ("float64", False),  # a start's cost per model variable (older rows: none)
     "trace_fixed_s": ("float64", False),  # what Horovod's step adds to tracing: fixed (older rows: none)
     "trace_per_variable_s": ("float64", False),  # and per trainable variable (older rows: none)

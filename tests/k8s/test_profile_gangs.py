@@ -173,6 +173,7 @@ def test_the_probe_gang_spans_the_device_types_and_stores_the_pools_kubernetes_l
                                                                        result["source"])
     # a start's cost per variable, measured and stored (beside the other suites it can measure 0)
     assert 0 <= row["start_per_variable_s"] == result["start_per_variable_s"] < 0.5
+    assert 0 <= row["start_fixed_s"] == result["start_fixed_s"] < 30.0
     assert 0 <= row["trace_per_variable_s"] == result["trace_per_variable_s"] < 1.0
     assert 0 <= row["trace_fixed_s"] == result["trace_fixed_s"] < 30.0
     assert row["measured_on"] == result["measured_on"] in {"fast", "slow"}  # the type of the probe's slowest tracer
@@ -207,8 +208,8 @@ def test_the_reference_runs_train_as_a_kubernetes_run_and_land_in_the_bank(clust
     probe = probed["result"]
     assert run["link"] == {"latency_s": probe["latency_s"], "bandwidth_bps": probe["bandwidth_bps"],
                            "measured": True, "source": probe["source"],
-                           **{k: probe[k] for k in ("start_per_variable_s", "trace_fixed_s", "trace_per_variable_s",
-                                                    "measured_on")}}
+                           **{k: probe[k] for k in ("start_fixed_s", "start_per_variable_s", "trace_fixed_s",
+                                                    "trace_per_variable_s", "measured_on")}}
     # the stages ran as a Kubernetes training's: a calibration pod per type, then the plan's rank
     # pods, each on its type's node
     assert sorted(_on_their_nodes(seen, "calibration", "reference_runs-estimate-calibration")) == [

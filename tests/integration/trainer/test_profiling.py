@@ -83,6 +83,7 @@ def test_the_allreduce_probe_stores_the_pools_link(tmp_path):
     assert link["latency_s"] > 0 and link["bandwidth_bps"] > 0
     # a start's broadcast, per variable: Horovod's op for each, here paid at the slow rank's quota
     assert 0 < link["start_per_variable_s"] == result["start_per_variable_s"] < 0.5
+    assert 0 <= link["start_fixed_s"] == result["start_fixed_s"] < 30.0  # the slow rank's set-up, beyond rank 0's
     # and what Horovod's step adds to tracing, also at that quota: the first synchronous step of a
     # process loads and traces what later ones reuse (seconds at 0.4 of a core), and each gradient
     # adds its allreduce (a few ms each, within the noise of one trace: it may measure 0)

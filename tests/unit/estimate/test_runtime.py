@@ -93,7 +93,7 @@ def test_auto_picks_by_time_to_the_target_loss_not_throughput_alone():
 
 def test_a_horovod_start_broadcasts_each_variable_at_the_pools_measured_cost():
     """``startup``: a Horovod plan of several ranks pays the probe's per-variable broadcast for each
-    of the model's variables; one rank broadcasts nothing, a parameter-server plan's workers read
+    of the model's variables, and its fixed wait for the slowest rank's set-up; one rank broadcasts nothing, a parameter-server plan's workers read
     the servers' variables instead, and a pool probed before the figure existed (None) adds nothing."""
     best = auto_plan(SMALL_MODEL)
     horovod, ps = best["alternative"], best
@@ -104,6 +104,9 @@ def test_a_horovod_start_broadcasts_each_variable_at_the_pools_measured_cost():
 
     base = startup(horovod)
     assert startup(horovod, variables=40, start_per_variable_s=0.015) == pytest.approx(base + 0.6)
+    # and the wait for the slowest rank's set-up, fixed
+    assert startup(horovod, variables=40, start_fixed_s=0.4, start_per_variable_s=0.015) == pytest.approx(base + 1.0)
+    assert startup(ps, variables=40, start_fixed_s=0.4) == pytest.approx(startup(ps))
     assert startup(horovod, variables=40, start_per_variable_s=None) == pytest.approx(base)
     assert startup(ps, variables=40, start_per_variable_s=0.015) == pytest.approx(startup(ps))
     one = {**horovod, "ranks": horovod["ranks"][:1]}
@@ -141,6 +144,6 @@ def test_a_horovod_step_traces_each_gradient_at_the_pools_measured_cost_scaled_t
     assert part(one, trainable_variables=40, measured_on="gone", **probed) == pytest.approx(0.2 + 3.5)  # a type no longer in the pool: unscaled
     # the start's broadcast is scaled the same way (and a plan of one rank broadcasts nothing)
     fast_pair = {**horovod, "ranks": [{**r, "device": "fast"} for r in horovod["ranks"]]}
-    started = part(fast_pair, "startup", variables=40, start_per_variable_s=0.02, measured_on="slow")
-    assert started - part(fast_pair, "startup") == pytest.approx(40 * 0.02 / 4)
+    started = part(fast_pair, "startup", variables=40, start_fixed_s=0.4, start_per_variable_s=0.02, measured_on="slow")
+    assert started - part(fast_pair, "startup") == pytest.approx((0.4 + 40 * 0.02) / 4)
     assert part(one, "startup", variables=40, start_per_variable_s=0.02, measured_on="slow") == pytest.approx(part(one, "startup"))

@@ -192,7 +192,7 @@ def test_stage_kubernetes_plans_with_the_pools_probed_link_instead_of_the_defaul
     probed = run(spec, run_dir, StageContext(fresh=True))
     assert probed["pool_key"] == pool_key(pool, "kubernetes")
     assert probed["link"] == {"latency_s": 0.004, "bandwidth_bps": 5e8, "measured": True,
-                              "source": "probe profile_pool/r1", "start_per_variable_s": None,
+                              "source": "probe profile_pool/r1", "start_fixed_s": None, "start_per_variable_s": None,
                               "trace_fixed_s": None, "trace_per_variable_s": None,
                               "measured_on": None}  # a row from before they were measured
     assert probed["plan"]["allreduce_s"] == pytest.approx(comm_s(probed, 0.004, 5e8))
