@@ -40,7 +40,7 @@ REPEATS = 12
 START_BLOCKS = (1, 8)  # conv and batch-normalisation blocks of the two timed models
 PROBE_SHAPE = (8, 8, 1)  # their inputs
 MAX_RANKS = PROBE_RANKS
-PER_VARIABLE = ("start_fixed_s", "start_per_variable_s", "trace_fixed_s", "trace_per_variable_s")  # optional in the links table
+START_AND_TRACE = ("start_fixed_s", "start_per_variable_s", "trace_fixed_s", "trace_per_variable_s")  # start_and_trace: optional link columns
 
 
 def fit_link(ranks: int, sizes: list[int], seconds: list[float]) -> dict[str, float]:
@@ -176,7 +176,7 @@ def link_row(pool: PoolSpec, launcher: str, measured: dict[str, Any], source: st
     rank = measured.get("trace_rank")
     return {"pool_key": pool_key(pool, launcher), "ranks": measured["ranks"], "latency_s": measured["latency_s"],
             "bandwidth_bps": measured["bandwidth_bps"],
-            **{k: measured.get(k) for k in PER_VARIABLE},
+            **{k: measured.get(k) for k in START_AND_TRACE},
             "measured_on": ranks[rank]["device"] if rank is not None and 0 <= rank < len(ranks) else None,
             "source": source,
             "recorded_at": now()}

@@ -39,7 +39,7 @@ from pipelines.estimate.calibrate import model_key as calibration_key
 from pipelines.estimate.features import model_features
 from pipelines.estimate.planner import PSConfig, plan
 from pipelines.estimate.predict import bank_profiles
-from pipelines.estimate.probe import PER_VARIABLE, probe_pool
+from pipelines.estimate.probe import START_AND_TRACE, probe_pool
 from pipelines.estimate.runtime import DEFAULT_LINK, learned_corrections, pick_strategy, predict_parts
 from pipelines.models import build_model
 from pipelines.spec import JobSpec, PoolSpec, load_pool, pool_profiles_path
@@ -193,8 +193,9 @@ def to_calibrate(spec: JobSpec, pool: PoolSpec, rows: list[dict[str, Any]], mode
 
 
 def pool_link(spec: JobSpec, pool: PoolSpec, bank: Any, key: str) -> dict[str, Any]:
-    """The pool's allreduce latency and bandwidth, and its start's cost per model variable (None
-    in rows stored before it was measured), from the bank; a local pool without one is
+    """The pool's allreduce latency and bandwidth, and what a Horovod start and first step cost on
+    it (:data:`pipelines.estimate.probe.START_AND_TRACE`, on the device type ``measured_on``; None
+    in rows stored before they were measured), from the bank; a local pool without one is
     probed now (a few seconds) and stored; a Kubernetes pool without one gets a default, said so."""
     link = bank.link(key)
     if link is None and spec.launcher == "local" and sum(d.count for d in pool.device_types) > 1:
@@ -204,7 +205,7 @@ def pool_link(spec: JobSpec, pool: PoolSpec, bank: Any, key: str) -> dict[str, A
     if link is None:
         return dict(DEFAULT_LINK)
     return {"latency_s": link["latency_s"], "bandwidth_bps": link["bandwidth_bps"], "measured": True,
-            "source": link["source"], **{k: link.get(k) for k in (*PER_VARIABLE, "measured_on")}}
+            "source": link["source"], **{k: link.get(k) for k in (*START_AND_TRACE, "measured_on")}}
 
 
 def _calibration_hash(folder: Path, pool: PoolSpec) -> list[str | None]:
@@ -302,7 +303,7 @@ def _timed(spec: JobSpec, planned: dict, profiles: dict, features: dict, correct
                            checkpoint_every=spec.training.checkpoint_every_steps, corrections=corrections,
                            variables=int(features.get("variables") or 0),
                            trainable_variables=int(features.get("trainable_variables") or 0),
-                           **{k: link.get(k) for k in (*PER_VARIABLE, "measured_on")})
+                           **{k: link.get(k) for k in (*START_AND_TRACE, "measured_on")})
     return {**planned, "predicted_loop_s": planned["predicted_total_s"], "predicted_total_s": timing["total_s"],
             "timing": timing}
 
