@@ -1,7 +1,7 @@
 """The pool's allreduce, measured: a short Gloo allreduce between ranks placed as the pool's device
-types, fitted as ``seconds = latency + 2·(N−1)/N · bytes / bandwidth``, what a training's start
-costs per model variable (the slowest rank's build and the broadcast of rank 0's weights), and what
-Horovod's training step adds to tracing beyond a plain step's, fixed and per trainable variable
+types, fitted as ``seconds = latency + 2·(N−1)/N · bytes / bandwidth``, and what a Horovod
+training's start (the wait for the slowest rank's set-up, the broadcast of rank 0's weights) and
+its first step (what Horovod's step adds to a plain step's tracing) cost, fixed and per variable
 (:func:`start_and_trace`), stored in the profile bank per pool and launcher (docs/ARCHITECTURE.md,
 "The learned estimator").
 
@@ -66,16 +66,21 @@ def probe_model(tf: Any, blocks: int, width: int) -> Any:
     return tf.keras.Sequential(layers)
 
 
+def meet(hvd: Any, tf: Any) -> None:
+    """Wait until every rank is here (an allreduce: Horovod's TensorFlow API has no barrier)."""
+    hvd.allreduce(tf.constant(0.0), op=hvd.Sum).numpy()
+
+
 def timed_start(hvd: Any, tf: Any, blocks: int, width: int, folder: str) -> tuple[float, Any]:
     """Rank 0's start with a fresh probe model, as the trainer's: every rank sets up what a trainer
     sets up before its start (the model, its optimizer, the checkpoint state and its manager in
-    ``folder``, the compiled steps), then rank 0's weights are broadcast
+    ``folder``, as ``pipelines.train.checkpoints`` makes them, and the compiled steps), then rank 0's weights are broadcast
     (``hvd.broadcast_variables``).  Timed from a moment every rank shares (an allreduce) to the
     end of the broadcast, less this rank's own set-up: what it waits for the slowest rank's
     set-up, and the broadcast.  Returns that and the model."""
     from pipelines.sync.step import build_steps, make_optimizer
 
-    hvd.allreduce(tf.constant(0.0), op=hvd.Sum).numpy()  # every rank starts here
+    meet(hvd, tf)  # every rank starts here
     t0 = time.perf_counter()
     model = probe_model(tf, blocks, width)
     optimizer = make_optimizer("sgd", 1e-3)
@@ -120,7 +125,7 @@ def horovod_trace_s(hvd: Any, tf: Any, model: Any) -> tuple[float, int]:
     steps = build_steps(model, make_optimizer("sgd", 1e-3), hvd, PROBE_SHAPE, 0.0, 1.0)
     weight = tf.constant(step_weight([rows] * hvd.size(), hvd.rank()), tf.float32)
     lr = tf.constant(1e-3, tf.float32)
-    hvd.allreduce(tf.constant(0.0), op=hvd.Sum).numpy()  # every rank starts its first step here
+    meet(hvd, tf)  # every rank starts its first step here
     synchronous_s = first_call_s(lambda: steps.train(x, y, weight, lr)[0].numpy())
     return max(0.0, synchronous_s - slowest_plain), slowest
 
@@ -223,10 +228,10 @@ def rank_main(argv: list[str] | None = None) -> int:
                 times.append(time.perf_counter() - t0)
             times = hvd.allgather(tf.constant([sorted(times)[len(times) // 2]], tf.float64)).numpy()
             medians.append(float(times.max()))  # the collective ends for all with the slowest
-        per_variable = start_and_trace(hvd, tf)
+        costs = start_and_trace(hvd, tf)
         if hvd.rank() == 0:
             measured = {"ranks": hvd.size(), "sizes": list(SIZES_BYTES), "seconds": medians,
-                        **fit_link(hvd.size(), list(SIZES_BYTES), medians), **per_variable}
+                        **fit_link(hvd.size(), list(SIZES_BYTES), medians), **costs}
     if measured is None:
         return 0
     if args.bank:

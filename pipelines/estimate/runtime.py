@@ -65,8 +65,9 @@ def predict_parts(plan: dict[str, Any], profiles: dict[str, dict[str, Any]], *, 
 
     What the allreduce probe measured for the pool (None: not measured, left out) is added for a
     Horovod plan: to its start when it has several ranks, ``start_fixed_s`` (the wait for the
-    slowest rank's set-up) and ``start_per_variable_s`` for each of the model's ``variables``; to its tracing, ``trace_fixed_s`` plus ``trace_per_variable_s`` for
-    each of its ``trainable_variables`` (one rank runs Horovod's step too).  The probe paid them at
+    slowest rank's set-up) and ``start_per_variable_s`` for each of the model's ``variables``; to
+    its tracing, ``trace_fixed_s`` plus ``trace_per_variable_s`` for each of its
+    ``trainable_variables`` (one rank runs Horovod's step too).  The probe paid them at
     the speed of its slowest rank, of device type ``measured_on``; the plan pays them at its own
     slowest rank's, so they are scaled by the two types' tracing of this model (the sweep's law:
     the same graph built on either)."""
