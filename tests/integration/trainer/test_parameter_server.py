@@ -151,6 +151,10 @@ def test_drop_stale_drops_stale_updates_without_training_their_rows_again(tmp_pa
 
 
 BIG_MLP = {"name": "tiny_mlp", "kwargs": {"hidden": [1024, 1024]}}  # compute dominates a chunk's calls
+# A tenth of a core: its half of a round cut in four takes about twice the fast worker's two
+# chunks, so the quota's bursts cannot tip which worker takes the fourth (at 0.15 they did, 84
+# against 108 ms, and a finer cut then measured slower than one chunk each)
+SLOWER = Profile(device="slow", cpus=(0,), cpu_share=0.1, cpu_period_ms=20)
 
 
 @pytest.mark.timing  # which cut is fastest, and the slow worker's share, are measured speeds
@@ -160,7 +164,7 @@ def test_sync_rounds_over_two_sharded_parameter_servers_follow_each_workers_spee
     row once an epoch, every round B rows, one parameter change per round."""
     run = ps_run(tmp_path, rows=3500, epochs=1, update_mode="sync", parameter_servers=2, combiner="plain",
                  model=BIG_MLP, global_batch=512)
-    result, _ = start(run, num_ps=2)
+    result, _ = start(run, num_ps=2, workers=(FAST, SLOWER))
     assert result.returncode == 0, result.message
     s = summary(run)
     ps = s["parameter_server"]
@@ -178,9 +182,8 @@ def test_sync_rounds_over_two_sharded_parameter_servers_follow_each_workers_spee
     assert fast["samples"] + slow["samples"] == 3500
     if result.quota_enforced:  # the slow worker is slow only under a real quota
         # Cut in four, the fast worker takes a third chunk when its first two end before the slow
-        # worker's one (here about 84 against 108 ms, so the 0.15 quota's bursts can tip a round
-        # either way): over the two rounds it trains more than half the rows, which a round handed
-        # out in equal shares never does
+        # worker's one (see SLOWER): over the two rounds it trains more than half the rows, which
+        # a round handed out in equal shares never does
         finer = [sum(c["samples"] for c in per_round[r] if c["worker"] == 0) for r in (3, 4)]
         assert fast["rows_per_s"] > 2 * slow["rows_per_s"] and sum(finer) > 512 and min(finer) >= 256, (
             finer, json.dumps(ps))
