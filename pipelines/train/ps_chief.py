@@ -48,7 +48,7 @@ from pipelines.train.ps_cluster import (
 )
 from pipelines.train.ps_rounds import Rounds
 from pipelines.train.ps_rows import prepare
-from pipelines.train.ps_server import MOMENTUM, Server, build_update, parse_record
+from pipelines.train.ps_server import MOMENTUM, Server, build_update, horovod_form, parse_record
 from pipelines.train.ps_summary import Tally, parameter_server_section, worker_figures
 from pipelines.train.rank_job import DivergedError, TrainingError, load_job
 from pipelines.train.result import PARAMETER_SERVER, RunFigures, RunSummary
@@ -92,7 +92,8 @@ class Chief(TrainingRun):
         with self.strategy.scope():
             self.model = build_model(job.spec.model.name, job.shape, job.spec.dataset.num_classes, job.spec.model.kwargs)
         self.momentum = server_momentum(t, self.workers)
-        self.server = server = Server(self.strategy, self.model, t.optimizer, self.momentum, workers=self.workers)
+        self.server = server = Server(self.strategy, self.model, t.optimizer, self.momentum, workers=self.workers,
+                                      keras_momentum=horovod_form(t.update_mode, self.workers))
         try:
             self.combine = make_combiner(server, t, self.workers)
         except ValueError as e:
@@ -438,7 +439,7 @@ def server_momentum(training, workers: int) -> float:
     ``training.async_momentum`` as it is, or ``"auto"``: 0.9 less the momentum that N workers'
     asynchrony adds by itself, 1 - 1/N (Mitliagkas et al. 2016, "Asynchrony begets momentum"), never
     below 0 (docs/ARCHITECTURE.md, "Parameter-server training"; measured by bench/strategies.py)."""
-    if training.update_mode == "sync" or workers <= 1:
+    if horovod_form(training.update_mode, workers):
         return MOMENTUM
     if training.async_momentum == "auto":
         return corrected_momentum(workers)

@@ -152,6 +152,23 @@ class Accumulator:
         return tf.group(*ops)
 
 
+def horovod_form(mode: str, workers: int) -> bool:
+    """Whether a job's servers keep SGD's momentum in the Horovod ranks' form, Keras's
+    (``accum = μ·accum - lr·g; var += accum``, one ``ResourceApplyKerasMomentum`` a variable): in
+    ``sync`` mode and with one worker, where a job is the same algorithm as a Horovod run of it.
+    In ``async`` and ``bounded`` modes with several workers they keep ``accum = μ·accum + g;
+    var -= lr·accum`` (``ResourceApplyMomentum``), with which the asynchronous momentum and the
+    combiners were measured.
+
+    Why it matters: the two forms are one while the rate is constant, and differ under the job's
+    warm-up and cosine decay; at the rate of 0.0545 on the demo task (small_cnn, B = 512, seeds 7
+    to 9) a one-rank Horovod run jumped to a loss of 2.8 to 3.4 just after the warm-up in Keras's
+    form and stayed at 1.5 to 2.2 in the other (docs/ARCHITECTURE.md, "Parameter-server
+    training").  A checkpoint keeps the accumulator of the form that wrote it, so a run resumed
+    across a change of form starts with a wrong momentum, which fades by μ a step."""
+    return mode == "sync" or int(workers) <= 1
+
+
 class Server:
     """The parameters, their optimizer rule, the version counter, the workers' clocks
     (``pipelines.train.ps_clock.Clocks``, for ``workers`` workers), the lock and the combiner's state.
@@ -164,9 +181,11 @@ class Server:
     cannot hold the others'.
     """
 
-    def __init__(self, strategy, model, optimizer: str, momentum: float = MOMENTUM, *, workers: int):
+    def __init__(self, strategy, model, optimizer: str, momentum: float = MOMENTUM, *, workers: int,
+                 keras_momentum: bool = False):
         tf = _tf()
         self.strategy, self.optimizer, self.momentum = strategy, optimizer, float(momentum)
+        self.keras_momentum = bool(keras_momentum)  # SGD's momentum in the ranks' form (horovod_form)
         self.variables = list(model.trainable_variables)
         self.slots: dict[str, list] = {}
         with strategy.scope():
@@ -271,13 +290,14 @@ class Server:
             with tf.device(self.iterations.device):  # a count only: SGD has no use for t
                 ops.append(self.iterations.assign_add(1, read_value=False))
             momentum = tf.constant(self.momentum, tf.float32)
+            # Keras's form (the ranks'): accum = momentum * accum - lr * grad; var += accum.
+            # Otherwise: accum = momentum * accum + grad; var -= lr * accum (see horovod_form)
+            apply = tf.raw_ops.ResourceApplyKerasMomentum if self.keras_momentum else tf.raw_ops.ResourceApplyMomentum
             for g, v, m in zip(gradients, self.variables, self.slots["momentum"], strict=True):
                 with tf.device(v.device):
                     grad = g if scale is None else g * tf.cast(scale, g.dtype)
-                    # accum = momentum * accum + grad; var -= lr * accum (pipelines.sync.step's rule)
-                    ops.append(tf.raw_ops.ResourceApplyMomentum(
-                        var=v.handle, accum=m.handle, lr=lr, grad=tf.cast(grad, v.dtype), momentum=momentum,
-                        use_locking=True, use_nesterov=False))
+                    ops.append(apply(var=v.handle, accum=m.handle, lr=lr, grad=tf.cast(grad, v.dtype), momentum=momentum,
+                                     use_locking=True, use_nesterov=False))
         with tf.control_dependencies(ops):
             return tf.constant(True)
 

@@ -45,7 +45,7 @@ def cluster_of(tf, optimizer: str, mode: str, x, y, workers: int = 1, make=dense
     from pipelines.train.combiners import plain
     from pipelines.train.ps_cluster import strategy
     from pipelines.train.ps_rows import prepare
-    from pipelines.train.ps_server import Server, build_update
+    from pipelines.train.ps_server import Server, build_update, horovod_form
 
     p = free_ports(3 + workers)
     cluster = {"chief": [f"127.0.0.1:{p[0]}"], "worker": [f"127.0.0.1:{x}" for x in p[1 : 1 + workers]],
@@ -59,7 +59,7 @@ def cluster_of(tf, optimizer: str, mode: str, x, y, workers: int = 1, make=dense
     tf.keras.utils.set_random_seed(0)
     with st.scope():
         model = make(tf)
-    server = Server(st, model, optimizer, workers=workers)
+    server = Server(st, model, optimizer, workers=workers, keras_momentum=horovod_form(mode, workers))  # as the chief
     combine = plain(server, {})
     store, _ = prepare(Path(tempfile.mkdtemp()) / "rows", x, y, x.shape[1:], "probe")
     update = build_update(server, model, combine, mode, 4, 0.0, 1.0, store)

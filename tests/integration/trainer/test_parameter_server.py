@@ -238,18 +238,22 @@ def test_a_killed_parameter_server_fails_the_task_with_its_name_and_the_retry_re
     assert not (run / "train" / "rows").exists()  # trained: the copy is gone
 
 
-@pytest.mark.parametrize(("mode", "workers", "atol"), [("async", 1, 1e-6), ("sync", 2, 1e-5)])
-def test_one_worker_and_sync_rounds_train_exactly_as_one_horovod_rank(tmp_path, mode, workers, atol):
-    """The same rows in the same order, the same rate and optimizer: a job of one worker, or a sync
+@pytest.mark.parametrize(("mode", "workers", "atol", "schedule"), [("async", 1, 1e-6, "constant"), ("sync", 2, 1e-5, "cosine")])
+def test_one_worker_and_sync_rounds_train_exactly_as_one_horovod_rank(tmp_path, mode, workers, atol, schedule):
+    """The same rows in the same order, the same rates and optimizer: a job of one worker, or a sync
     job of two whose rounds are cut into chunks, ends with the weights of a one-rank Horovod run
-    (the servers' SGD with momentum is Keras'; a round's row-weighted mean over its chunks is the
-    batch's mean gradient, up to the order of the float sums)."""
+    (the servers keep SGD's momentum in the ranks' form, ps_server.horovod_form, which the sync
+    job's warm-up and cosine decay would tell apart from the other; a round's row-weighted mean over
+    its chunks is the batch's mean gradient, up to the order of the float sums).  At a constant rate
+    for one async worker: an async update takes the schedule's rate at the count of updates applied
+    when it is scheduled, which lags a step behind while the next is queued."""
     import numpy as np
     from conftest import launch_ranks
 
     from pipelines.models import build_model
 
-    training = {"epochs": 1, "lr_schedule": "constant", "warmup_epochs": 0, "global_batch": 64, "learning_rate": 0.05}
+    training = {"epochs": 1, "lr_schedule": schedule, "warmup_epochs": 0.3 if schedule == "cosine" else 0,
+                "global_batch": 64, "learning_rate": 0.05}
     hvd = write_run(tmp_path / "hvd", rows=640, model={"name": "tiny_mlp"}, **training)
     ps = ps_run(tmp_path, "ps", rows=640, update_mode=mode, **training)
     assert launch_ranks(hvd, [Profile()], extra_args=["--no-balance"]).returncode == 0
@@ -287,7 +291,8 @@ def test_the_optimizer_step_runs_on_the_server_that_holds_each_shard(optimizer):
     real moves the weights by the optimizer's first step."""
     out = placement(optimizer)
     assert out["shards"] == out["weights"] == 8 and len(out["variable_devices"]) == 2  # 4 variables x 2 shards
-    fused = {"sgd": "ResourceApplyMomentum", "adam": "ResourceApplyAdam"}[optimizer]
+    # one worker: SGD in the Horovod ranks' form (ps_server.horovod_form)
+    fused = {"sgd": "ResourceApplyKerasMomentum", "adam": "ResourceApplyAdam"}[optimizer]
     touching = out["touching"]
     slot_ops = [t for t in touching if t["kind"] == "slot"]
     assert len(slot_ops) == 8 * (2 if optimizer == "adam" else 1)
@@ -315,7 +320,8 @@ def test_a_sync_rounds_mean_and_apply_run_on_the_servers_and_workers_read_their_
     servers = set(out["variable_devices"])
     placed = out["placed"]
     assert placed and all(device in servers or "/job:chief/" in device for _, _, device in placed)
-    for op in ("RealDiv", "ResourceApplyMomentum"):  # the mean and the apply: each shard's on its server
+    for op in ("RealDiv", "ResourceApplyKerasMomentum"):  # the mean and the apply (sync: the ranks' form), each
+        # shard's on its server
         on = [device for _, kind, device in placed if kind == op]
         assert on and set(on) == servers and all(on.count(d) == len(on) / 2 for d in servers), (op, on)
     chief = [(name, kind) for name, kind, device in placed if "/job:chief/" in device]

@@ -184,3 +184,32 @@ def test_adam_without_the_lock_takes_its_step_count_in_the_counters_section_and_
         keras.apply_gradients([(tf.constant(g), ref)])
     assert int(server.iterations.numpy()) == 2 and int(server.version.numpy()) == 2
     assert w.numpy().tolist() == pytest.approx(ref.numpy().tolist(), rel=1e-5)
+
+
+@pytest.mark.parametrize(("keras", "expected"), [(True, 0.961), (False, 0.952)])
+def test_the_servers_sgd_keeps_the_ranks_momentum_form_when_told(keras, expected):
+    """A gradient of 1 at a rate of 0.01, then 0.02: Keras's form (the Horovod ranks' SGD:
+    accum = 0.9 accum - lr g; w += accum) ends at 0.99 - (0.009 + 0.02) = 0.961; the other
+    (accum = 0.9 accum + g; w -= lr accum) at 0.99 - 0.02 x 1.9 = 0.952.  The two differ only
+    when the rate changes, as under warm-up and cosine decay."""
+    from pipelines.sync.step import make_optimizer
+    from pipelines.train.ps_server import Server
+
+    holder = OneVariable([1.0])
+    server = Server(tf.distribute.get_strategy(), holder, "sgd", workers=1, keras_momentum=keras)
+    rank = tf.Variable([1.0])
+    sgd = make_optimizer("sgd", 0.5)  # what a Horovod rank trains with
+    for lr in (0.01, 0.02):
+        server.apply([tf.constant([1.0])], tf.constant(lr))
+        sgd.learning_rate.assign(lr)
+        sgd.apply_gradients([(tf.constant([1.0]), rank)])
+    assert holder.trainable_variables[0].numpy()[0] == pytest.approx(expected)
+    assert (rank.numpy()[0] == pytest.approx(expected)) == keras  # the ranks' SGD: Keras's form
+
+
+@pytest.mark.parametrize(("mode", "workers", "keras"), [("sync", 3, True), ("async", 1, True), ("bounded", 1, True),
+                                                        ("async", 2, False), ("bounded", 3, False)])
+def test_sync_jobs_and_one_worker_take_the_ranks_form(mode, workers, keras):
+    from pipelines.train.ps_server import horovod_form
+
+    assert horovod_form(mode, workers) is keras
