@@ -160,12 +160,10 @@ def horovod_form(mode: str, workers: int) -> bool:
     var -= lr·accum`` (``ResourceApplyMomentum``), with which the asynchronous momentum and the
     combiners were measured.
 
-    Why it matters: the two forms are one while the rate is constant, and differ under the job's
-    warm-up and cosine decay; at the rate of 0.0545 on the demo task (small_cnn, B = 512, seeds 7
-    to 9) a one-rank Horovod run jumped to a loss of 2.8 to 3.4 just after the warm-up in Keras's
-    form and stayed at 1.5 to 2.2 in the other (docs/ARCHITECTURE.md, "Parameter-server
-    training").  A checkpoint keeps the accumulator of the form that wrote it, so a run resumed
-    across a change of form starts with a wrong momentum, which fades by μ a step."""
+    The two forms are one at a constant rate and differ under warm-up and cosine decay (on the demo
+    task at 0.0545, Keras's form jumps to a loss near 3 after the warm-up, the other does not:
+    docs/ARCHITECTURE.md, "Parameter-server training").  A checkpoint resumed across a change of
+    form starts with a wrong momentum, which fades by μ a step."""
     return mode == "sync" or int(workers) <= 1
 
 
