@@ -69,9 +69,13 @@ def test_pod_goes_pending_running_succeeded_and_its_logs_stream(kube, cluster):
     code = "import time; print('early'); time.sleep(2.2); print('late'); time.sleep(0.3)"
     phases, waiting = [], []
     w = watch.Watch()
+    # watch from before the create: a watch begun after it may start with the pod already running
+    # (a list's current state, as a real API server gives it), and it did on a fast machine
+    since = kube.list_namespaced_pod(NS, field_selector="metadata.name=hello").metadata.resource_version
     kube.create_namespaced_pod(NS, pod("hello", code))
     followed = []
-    for event in w.stream(kube.list_namespaced_pod, NS, field_selector="metadata.name=hello", timeout_seconds=20):
+    for event in w.stream(kube.list_namespaced_pod, NS, field_selector="metadata.name=hello", timeout_seconds=20,
+                          resource_version=since):
         p = event["object"]
         if not phases or phases[-1] != p.status.phase:
             phases.append(p.status.phase)
