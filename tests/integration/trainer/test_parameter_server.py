@@ -187,8 +187,10 @@ def test_sync_rounds_over_two_sharded_parameter_servers_follow_each_workers_spee
         finer = [sum(c["samples"] for c in per_round[r] if c["worker"] == 0) for r in (3, 4)]
         assert fast["rows_per_s"] > 2 * slow["rows_per_s"] and sum(finer) > 512 and min(finer) >= 256, (
             finer, json.dumps(ps))
+        # which cut is faster is the machine's (CI once timed the finer one slower, beside other
+        # suites); the cut the chief went on with is the one its timings chose (ps_rounds.choose_cut)
         cuts = ps["round_cut_s_per_row"]
-        assert cuts["2"] < cuts["1"] and ps["round_cut"] >= 2, json.dumps(ps)  # the finer cut paid
+        assert (ps["round_cut"] >= 2) == (cuts["2"] < cuts["1"]), json.dumps(ps)
 
 
 @pytest.mark.parametrize("mode", ["async", "bounded"])
