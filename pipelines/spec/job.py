@@ -134,8 +134,8 @@ class TrainingSpec(Strict):
     )
     optimizer: Literal["sgd", "adam"] = Field(
         "sgd",
-        description="sgd: SGD with momentum 0.9 (the parameter servers' momentum in async and bounded modes is "
-        "async_momentum); adam: Adam.",
+        description="sgd: SGD with momentum 0.9 (the parameter servers' momentum in async and bounded modes with more "
+        "than one worker is async_momentum); adam: Adam.",
     )
     seed: int = Field(42, description="Seed for shuffling, initialisation and the held-out split.")
     checkpoint_every_steps: int = Field(
@@ -171,8 +171,8 @@ class TrainingSpec(Strict):
         description="Parameter-server strategy only. async: each update is applied as it arrives; bounded: "
         "stale-synchronous parallel (SSP): a worker more than max_staleness updates ahead of the slowest live "
         "worker waits before it computes, so no update is applied more than (workers - 1) * (2 * max_staleness "
-        "+ 1) changes stale and nothing is refused; sync: one round of updates, one per worker, averaged before "
-        "one apply.",
+        "+ 1) changes stale and nothing is refused; sync: each round's global batch is cut into chunks "
+        "that the workers take as they are free, and the round's mean gradient is applied once, on the servers.",
     )
     max_staleness: int = Field(
         4, ge=0, le=1000,

@@ -14,7 +14,7 @@ imported, and ``name`` is a factory in it or a name it registered.  Either way i
         return combine
 
 A ``combine`` that keeps no state between updates and always changes the parameters may say
-``combine.lock_free = True``: in async mode it then runs without the lock, concurrently with other
+``combine.lock_free = True``: in async and bounded modes it then runs without the lock, concurrently with other
 updates (``server.apply`` is atomic per variable), as the shipped ``plain`` and ``staleness_aware``
 do.  A ``combine`` that says ``combine.drops = True`` means by a False "dropped" rather than "held"
 (the shipped ``drop_stale``): the chief then counts the update as dropped.

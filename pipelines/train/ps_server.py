@@ -9,10 +9,10 @@ Where things run:
   forward and backward pass;
 - **servers**: the optimizer step (and a sync round's sum and mean), the version and the clocks.
   Each variable (each shard of a sharded one) is updated by one fused TensorFlow op
-  (``ResourceApplyKerasMomentum`` for SGD with momentum, ``ResourceApplyAdam``), placed on the
-  server that holds it, with ``use_locking``: only the gradient travels, and two updates to the
-  same variable never interleave.  The fused ops are what TensorFlow's own optimizers run for these
-  rules, so the arithmetic is theirs, not a copy written here;
+  (SGD: ``ResourceApplyKerasMomentum``, or with several async or bounded workers ``ResourceApplyMomentum``:
+  :func:`horovod_form`; Adam: ``ResourceApplyAdam``), placed on the server that holds it, with
+  ``use_locking``: only the gradient travels, and two updates to the same variable never interleave.
+  The fused ops are what TensorFlow's own optimizers run for these rules: the arithmetic is theirs;
 - **chief**: the scheduling, the checkpoints and the logs (``pipelines.train.ps_chief``).
 
 A worker's update (:func:`build_update`) reads the clocks (and in ``bounded`` mode waits for them,
