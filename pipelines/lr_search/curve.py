@@ -24,12 +24,21 @@ from pipelines.errors import StageError
 from pipelines.lr_search.references import fastai_valley, lightning_steepest
 
 MIN_POINTS = 10
-RULE_VERSION = 5  # part of the result's input key: a new rule (or new references beside it) searches again
+RULE_VERSION = 6  # part of the result's input key: a new rule (or new references beside it) searches again
 CANDIDATE_FACTORS = (0.5, 1.0, 2.0)  # times the min-loss rate: the rates the confirmation compares
 # When an edge candidate ends lowest, the best rate may lie past it: one more run there.  On the
 # combinations the rule was tuned on the best grid rate lay from 0.25 to 3.4 times the min-loss
 # rate, so one step past each edge covers that range.
 EDGE_EXTENSIONS = {2.0: 4.0, 0.5: 0.25}
+# A larger rate is taken only when its short run ended lower by more than the runs' noise: of the
+# candidates whose run ended within NOISE_SES standard errors of the lowest (the standard error of
+# the difference of the two runs' last-quarter means, each its steps' spread over the square root of
+# their number), the smallest rate is kept, as it is also the one further from collapse.  On the
+# tuning set (docs/ARCHITECTURE.md, lr_search) the only runs within 2 standard errors of the lowest
+# were tiny_mlp's x1 at B = 256, where the full training did best near x1 and the lowest, x2, lost
+# 0.015 to 0.024 of held-out accuracy; every other choice there is as before.  The steps of one run
+# are correlated, so the true spread is wider and 2 is not a 95% test, only a margin.
+NOISE_SES = 2.0
 TRIAL_FRACTION = 0.2  # a confirmation run is this fraction of the training's steps ...
 TRIAL_STEPS = (32, 160)  # ... within these bounds
 SAFETY_DIVISOR = 3.0
@@ -242,6 +251,24 @@ def suggest(
     }
 
 
+class TrialLoss(NamedTuple):
+    """How a confirmation run ended: the mean loss of its last steps and that mean's standard error."""
+
+    loss: float
+    se: float
+
+
+def trial_loss(tail: Sequence[float]) -> TrialLoss:
+    """The mean of a run's last losses and its standard error (sample spread over sqrt(n));
+    both inf when a loss is not finite."""
+    values = [float(v) for v in tail]
+    if not values or not all(math.isfinite(v) for v in values):
+        return TrialLoss(math.inf, math.inf)
+    mean = sum(values) / len(values)
+    spread = math.sqrt(sum((v - mean) ** 2 for v in values) / (len(values) - 1)) if len(values) > 1 else 0.0
+    return TrialLoss(mean, spread / math.sqrt(len(values)))
+
+
 class Trial(NamedTuple):
     """The length of one confirmation run and its warm-up, in steps."""
 
@@ -265,17 +292,20 @@ def choose(
     *,
     beta: float | None = None,
     divergence_factor: float = 4.0,
-    run_trial: Callable[[float], float] | None = None,
+    run_trial: Callable[[float], float | TrialLoss] | None = None,
     planned_steps: int | None = None,
 ) -> dict[str, Any]:
     """The chosen rate: the curve's analysis (:func:`suggest`), then, with a clear descent, a short
-    confirmation run (``run_trial(lr) -> loss``) at each of ``CANDIDATE_FACTORS`` × the min-loss
-    rate of the polynomial fit, keeping the rate whose run ends lowest; when that is an edge
-    candidate, one more run one step past it (``EDGE_EXTENSIONS``), kept if it ends lower still.  Without ``run_trial`` or
-    without a clear descent, :func:`suggest`'s value is taken as it is (``planned_steps``: as there).
+    confirmation run (``run_trial(lr)``: its :class:`TrialLoss`, or a bare loss with no spread) at
+    each of ``CANDIDATE_FACTORS`` × the min-loss rate of the polynomial fit; when the run that ends
+    lowest is an edge candidate, one more run one step past it (``EDGE_EXTENSIONS``).  Of the runs
+    that ended within ``NOISE_SES`` standard errors (of the difference) of the lowest, the smallest
+    rate is kept.
+    Without ``run_trial`` or without a clear descent, :func:`suggest`'s value is taken as it is
+    (``planned_steps``: as there).
 
     Returns ``learning_rate``, ``method``, ``reason`` (one line), ``candidates``
-    [{lr, trial_loss}] and ``analysis`` (:func:`suggest`'s dict).
+    [{lr, factor, trial_loss, trial_se}] and ``analysis`` (:func:`suggest`'s dict).
     """
     analysis = suggest(lrs, losses, beta=beta, divergence_factor=divergence_factor, planned_steps=planned_steps)
     lo, hi = analysis["lr_range"]
@@ -291,8 +321,11 @@ def choose(
     candidates = []
 
     def confirm(factor: float) -> None:
-        loss = float(run_trial(m * factor))
-        candidates.append({"lr": m * factor, "factor": factor, "trial_loss": loss if math.isfinite(loss) else None})
+        ended = run_trial(m * factor)
+        loss, se = (float(ended.loss), float(ended.se)) if isinstance(ended, TrialLoss) else (float(ended), 0.0)
+        finite = math.isfinite(loss)
+        candidates.append({"lr": m * factor, "factor": factor, "trial_loss": loss if finite else None,
+                           "trial_se": se if finite and math.isfinite(se) else None})
 
     def lowest() -> dict | None:
         finite = [c for c in candidates if c["trial_loss"] is not None]
@@ -310,14 +343,24 @@ def choose(
     if best["factor"] in EDGE_EXTENSIONS:
         confirm(EDGE_EXTENSIONS[best["factor"]])
         best = lowest()
+    def within_noise(c: dict) -> bool:
+        if c["trial_loss"] is None:
+            return False
+        noise = math.hypot(c["trial_se"] or 0.0, best["trial_se"] or 0.0)
+        return c["trial_loss"] <= best["trial_loss"] + NOISE_SES * noise
+
+    chosen = min(filter(within_noise, candidates), key=lambda c: c["factor"])
     tried = ", x".join(f"{c['factor']:g}" for c in candidates)
+    ended = f"ended lowest at x{best['factor']:g} (loss {best['trial_loss']:.4g} ± {best['trial_se'] or 0.0:.2g})"
+    if chosen is not best:
+        ended += (f"; x{chosen['factor']:g} ({chosen['trial_loss']:.4g} ± {chosen['trial_se'] or 0.0:.2g}) ended "
+                  f"within {NOISE_SES:g} standard errors of it and is the smaller rate")
     return {
-        "learning_rate": best["lr"],
-        "method": f"range_test+confirm: poly{analysis['poly']['degree']} min-loss x {best['factor']:g}",
+        "learning_rate": chosen["lr"],
+        "method": f"range_test+confirm: poly{analysis['poly']['degree']} min-loss x {chosen['factor']:g}",
         "reason": (
             f"min-loss rate {m:.3g} of the poly{analysis['poly']['degree']} fit (range {lo:.3g}..{hi:.3g}); "
-            f"of x{tried} its short run with the training's schedule "
-            f"ended lowest at x{best['factor']:g} (loss {best['trial_loss']:.4g})"
+            f"of x{tried} its short run with the training's schedule {ended}"
         ),
         "candidates": candidates,
         "analysis": analysis,

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import logging
-import math
 import sys
 import time
 from dataclasses import dataclass
@@ -32,7 +31,7 @@ from pipelines.core.plan import run_plan
 from pipelines.data.reader import epoch_permutation, open_split
 from pipelines.errors import StageError, exit_codes
 from pipelines.lr_search import range_test as rt
-from pipelines.lr_search.curve import RULE_VERSION, auto_beta, choose, confirmation
+from pipelines.lr_search.curve import RULE_VERSION, TrialLoss, auto_beta, choose, confirmation, trial_loss
 from pipelines.lr_search.result import STAGE, completed, plot_curve, search_key, tested_result
 from pipelines.models import build_model
 from pipelines.spec import load_spec
@@ -162,10 +161,11 @@ class RangeTest:
                 break
         return {"lr": lrs, "loss": losses, "stopped": stopped, "seconds": time.perf_counter() - started}
 
-    def trial(self, lr: float, steps: int, warmup: int, schedule: str) -> float:
+    def trial(self, lr: float, steps: int, warmup: int, schedule: str) -> TrialLoss:
         """The start of the training itself, compressed: from the training's initial weights, on
         the rows its first ``steps`` steps take, at ``lr`` with its schedule over ``steps`` steps.
-        Returns the mean loss of the last quarter (inf when it does not stay finite).
+        Returns the mean loss of the last quarter and its standard error (the steps' spread over
+        the square root of their number; inf when a loss is not finite).
 
         Replaying the training's own start matters: on the demo task a rate twice the curve's
         minimum trains best from some initial weights and row orders and collapses to chance level
@@ -173,8 +173,7 @@ class RangeTest:
         self.reset()
         order, self.next_row = self.training_order(steps), 0
         losses = [self.step(scheduled_lr(s, lr, warmup, steps, schedule), order) for s in range(steps)]
-        tail = losses[-max(2, steps // 4):]
-        return float(sum(tail) / len(tail)) if all(math.isfinite(v) for v in tail) else math.inf
+        return trial_loss(losses[-max(2, steps // 4):])
 
 
 def search(job: SearchJob, hvd) -> dict[str, Any]:

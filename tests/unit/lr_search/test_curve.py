@@ -12,6 +12,8 @@ from pipelines.lr_search.curve import (
     CANDIDATE_FACTORS,
     EDGE_EXTENSIONS,
     MIN_POINTS,
+    NOISE_SES,
+    TrialLoss,
     choose,
     confirmation,
     ema_lag,
@@ -21,6 +23,7 @@ from pipelines.lr_search.curve import (
     pick_rate,
     smooth,
     suggest,
+    trial_loss,
 )
 from pipelines.lr_search.references import fastai_valley, lightning_steepest
 
@@ -215,7 +218,40 @@ def test_choose_keeps_the_edge_when_the_step_past_it_diverges():
     good = _trial_with_optimum_at(3.0, tried, lambda: m)
     out = choose(lrs, loss, run_trial=lambda lr: float("nan") if lr > 3 * m else good(lr))
     assert out["learning_rate"] == pytest.approx(2 * m)
-    assert out["candidates"][-1] == {"lr": pytest.approx(4 * m), "factor": 4.0, "trial_loss": None}
+    assert out["candidates"][-1] == {"lr": pytest.approx(4 * m), "factor": 4.0, "trial_loss": None, "trial_se": None}
+
+
+def test_trial_loss_is_the_tail_mean_and_its_standard_error():
+    assert trial_loss([1.0, 2.0, 3.0, 4.0]) == pytest.approx((2.5, math.sqrt(5 / 3) / 2))
+    assert trial_loss([0.5, 0.5]) == (0.5, 0.0)
+    assert trial_loss([0.5, float("nan")]) == (math.inf, math.inf)
+
+
+@pytest.mark.parametrize(("x1", "x2", "se", "chosen"), [
+    (0.786, 0.760, 0.025, 1.0),  # x2 lower by 0.026, the noise 2 x 0.035: the smaller rate
+    (0.647, 0.568, 0.032, 1.0),  # lower by 0.079 against 2 x 0.045: still the smaller
+    (1.050, 0.823, 0.042, 2.0),  # lower by 0.227 against 2 x 0.059: the larger rate
+    (0.786, 0.760, 0.0, 2.0),  # no spread known (a bare loss): the lowest, as before
+])
+def test_choose_takes_the_smallest_rate_within_the_noise_of_the_lowest(x1, x2, se, chosen):
+    lrs, loss = u_shaped()
+    m = suggest(lrs, loss)["min_loss_lr"]
+    ends = {0.5: 1.6, 1.0: x1, 2.0: x2, 4.0: 3.159}
+    out = choose(lrs, loss, run_trial=lambda lr: TrialLoss(ends[round(lr / m, 2)], se))
+    assert NOISE_SES == 2.0
+    assert [c["factor"] for c in out["candidates"]] == [0.5, 1.0, 2.0, 4.0]  # x2 ended lowest: x4 tried
+    assert out["learning_rate"] == pytest.approx(chosen * m)
+    assert "ended lowest at x2 " in out["reason"]
+    assert ("x1 (" in out["reason"] and "within 2 standard errors" in out["reason"]) == (chosen == 1.0)
+
+
+def test_choose_does_not_step_down_past_a_candidate_that_diverged():
+    lrs, loss = u_shaped()
+    m = suggest(lrs, loss)["min_loss_lr"]
+    ends = {0.5: TrialLoss(math.inf, math.inf), 1.0: TrialLoss(0.5, 0.01), 2.0: TrialLoss(0.9, 0.01)}
+    out = choose(lrs, loss, run_trial=lambda lr: ends[round(lr / m, 2)])
+    assert out["learning_rate"] == pytest.approx(m)
+    assert out["candidates"][0]["trial_loss"] is None and out["candidates"][0]["trial_se"] is None
 
 
 def test_choose_says_when_every_confirmation_diverged():

@@ -64,7 +64,8 @@ def lr_test(lr_search: dict | None) -> str:
     ax.grid(alpha=0.3, which="both")
     ax.legend(fontsize=7)
     rows = "".join(
-        f"<tr><td>{num(c.get('lr'))}</td><td>x{num(c.get('factor'))}</td><td>{num(c.get('trial_loss'))}</td></tr>"
+        f"<tr><td>{num(c.get('lr'))}</td><td>x{num(c.get('factor'))}</td><td>{num(c.get('trial_loss'))}</td>"
+        f"<td>{num(c.get('trial_se')) if c.get('trial_se') is not None else '-'}</td></tr>"
         for c in lr_search.get("candidates") or []
     )
     info = (
@@ -75,7 +76,8 @@ def lr_test(lr_search: dict | None) -> str:
         f"<p>Why: {esc(lr_search.get('reason', ''))}.</p>"
     )
     if rows:
-        info += ("<table><tr><th>candidate rate</th><th>of the min-loss rate</th><th>confirmation loss</th></tr>"
+        info += ("<table><tr><th>candidate rate</th><th>of the min-loss rate</th><th>confirmation loss</th>"
+                 "<th>its standard error</th></tr>"
                  f"{rows}</table>")
     return info + figures.img(fig, "learning-rate range test")
 
