@@ -343,6 +343,7 @@ def choose(
     if best["factor"] in EDGE_EXTENSIONS:
         confirm(EDGE_EXTENSIONS[best["factor"]])
         best = lowest()
+
     def within_noise(c: dict) -> bool:
         if c["trial_loss"] is None:
             return False

@@ -245,9 +245,10 @@ def test_choose_takes_the_smallest_rate_within_the_noise_of_the_lowest(x1, x2, s
     assert ("x1 (" in out["reason"] and "within 2 standard errors" in out["reason"]) == (chosen == 1.0)
 
 
-def test_choose_does_not_step_down_past_a_candidate_that_diverged():
+def test_choose_never_steps_down_to_a_candidate_that_diverged():
     lrs, loss = u_shaped()
     m = suggest(lrs, loss)["min_loss_lr"]
+    # x1 is the lowest and x2 not within its noise; x0.5, the smallest rate, diverged
     ends = {0.5: TrialLoss(math.inf, math.inf), 1.0: TrialLoss(0.5, 0.01), 2.0: TrialLoss(0.9, 0.01)}
     out = choose(lrs, loss, run_trial=lambda lr: ends[round(lr / m, 2)])
     assert out["learning_rate"] == pytest.approx(m)
