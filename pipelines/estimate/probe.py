@@ -104,15 +104,15 @@ def first_call_s(call: Any, steady_calls: int = 3) -> float:
     return max(0.0, first - (time.perf_counter() - t0) / steady_calls)
 
 
-def horovod_trace_s(hvd: Any, tf: Any, model: Any) -> tuple[float, int]:
+def horovod_trace_s(hvd: Any, tf: Any, model: Any) -> tuple[float, list[float]]:
     """What the training step of Horovod (:func:`pipelines.sync.step.build_steps`, the trainer's
     own: its gradients allreduced in one group, then applied) adds to the tracing of a plain
     training step of ``model`` (:func:`pipelines.estimate.calibrate.standalone_step`, what the
     sweep's tracing law is measured with): rank 0's first synchronous step beyond its steady step,
     less the slowest rank's plain first step beyond its steady one.  The synchronous first step
     ends for every rank when the slowest has traced its graph and the allreduce's tensors have
-    been negotiated, at the quota of each.  Also returns the slowest rank: its speed is the one
-    the figure was measured at."""
+    been negotiated, at the quota of each.  Also returns every rank's plain first step (seconds,
+    by rank): the slowest rank's speed is the one the figure was measured at."""
     from pipelines.estimate.calibrate import standalone_step
     from pipelines.sync.step import build_steps, make_optimizer, step_weight
 
@@ -121,13 +121,13 @@ def horovod_trace_s(hvd: Any, tf: Any, model: Any) -> tuple[float, int]:
     y = tf.zeros([rows], tf.int32)
     plain = standalone_step(model, "sgd")
     plain_s = hvd.allgather(tf.constant([first_call_s(lambda: plain(x, y).numpy())], tf.float64)).numpy()
-    slowest, slowest_plain = int(plain_s.argmax()), float(plain_s.max())
+    slowest_plain = float(plain_s.max())
     steps = build_steps(model, make_optimizer("sgd", 1e-3), hvd, PROBE_SHAPE, 0.0, 1.0)
     weight = tf.constant(step_weight([rows] * hvd.size(), hvd.rank()), tf.float32)
     lr = tf.constant(1e-3, tf.float32)
     meet(hvd, tf)  # every rank starts its first step here
     synchronous_s = first_call_s(lambda: steps.train(x, y, weight, lr)[0].numpy())
-    return max(0.0, synchronous_s - slowest_plain), slowest
+    return max(0.0, synchronous_s - slowest_plain), [float(v) for v in plain_s]
 
 
 def start_and_trace(hvd: Any, tf: Any) -> dict[str, float]:
@@ -151,17 +151,21 @@ def start_and_trace(hvd: Any, tf: Any) -> dict[str, float]:
       (each figure at least 0).
 
     All of them are paid at the slowest rank's speed: ``trace_rank`` is the rank whose plain
-    tracing was slowest (the estimate scales the figures to a plan's slowest rank).  Rank 0's
+    tracing took longest over the three models together (the estimate scales the figures to a
+    plan's slowest rank).  Not the first model's alone: the process's first step carries one-off
+    costs that, on a loaded machine, made the unthrottled rank 0 the slower one there.  Rank 0's
     figures are the ones it prints, as the trainer's timings are rank 0's."""
     widths = itertools.count(3)  # shapes of their own for every model
     with tempfile.TemporaryDirectory(prefix="probe-start-") as folder:
         first_start, first = timed_start(hvd, tf, START_BLOCKS[0], next(widths), folder)  # the process's first
-        first_trace, slowest = horovod_trace_s(hvd, tf, first)  # the process's first synchronous step
+        first_trace, plain = horovod_trace_s(hvd, tf, first)  # the process's first synchronous step
         starts, traces, counts = [], [], []
         for blocks in START_BLOCKS:
             (s1, _), (s2, model) = (timed_start(hvd, tf, blocks, next(widths), folder) for _ in range(2))
             starts.append((min(s1, s2), len(model.variables)))
-            traces.append(horovod_trace_s(hvd, tf, model)[0])
+            trace, more = horovod_trace_s(hvd, tf, model)
+            traces.append(trace)
+            plain = [a + b for a, b in zip(plain, more, strict=True)]
             counts.append(len(model.trainable_variables))
     (few, n_few), (many, n_many) = starts
     start_per_variable = max(0.0, many - few) / (n_many - n_few)
@@ -170,7 +174,7 @@ def start_and_trace(hvd: Any, tf: Any) -> dict[str, float]:
             "start_per_variable_s": start_per_variable,
             "trace_per_variable_s": per_variable,
             "trace_fixed_s": max(0.0, first_trace - per_variable * len(first.trainable_variables)),
-            "trace_rank": slowest}
+            "trace_rank": max(range(len(plain)), key=plain.__getitem__)}
 
 
 def link_row(pool: PoolSpec, launcher: str, measured: dict[str, Any], source: str) -> dict[str, Any]:
