@@ -17,6 +17,7 @@ sits close to divergence), and never below the steepest descent of the polynomia
 from __future__ import annotations
 
 import math
+import statistics
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
@@ -264,9 +265,8 @@ def trial_loss(tail: Sequence[float]) -> TrialLoss:
     values = [float(v) for v in tail]
     if not values or not all(math.isfinite(v) for v in values):
         return TrialLoss(math.inf, math.inf)
-    mean = sum(values) / len(values)
-    spread = math.sqrt(sum((v - mean) ** 2 for v in values) / (len(values) - 1)) if len(values) > 1 else 0.0
-    return TrialLoss(mean, spread / math.sqrt(len(values)))
+    spread = statistics.stdev(values) if len(values) > 1 else 0.0
+    return TrialLoss(statistics.fmean(values), spread / math.sqrt(len(values)))
 
 
 class Trial(NamedTuple):

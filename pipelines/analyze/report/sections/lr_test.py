@@ -65,7 +65,7 @@ def lr_test(lr_search: dict | None) -> str:
     ax.legend(fontsize=7)
     rows = "".join(
         f"<tr><td>{num(c.get('lr'))}</td><td>x{num(c.get('factor'))}</td><td>{num(c.get('trial_loss'))}</td>"
-        f"<td>{num(c.get('trial_se')) if c.get('trial_se') is not None else '-'}</td></tr>"
+        f"<td>{num(c.get('trial_se'))}</td></tr>"
         for c in lr_search.get("candidates") or []
     )
     info = (
