@@ -358,30 +358,49 @@ def test_killing_a_training_task_stops_its_ranks_and_the_retry_finishes_the_run(
     # and the retry trains the epochs left
     run_id = trigger(airflow, job(dataset, artifacts, bank, epochs=4))
     run_dir = RunDir.for_run(str(artifacts), DAG, run_id).root
+    checkpoint = run_dir / "train" / "checkpoints" / "checkpoint"
     checked = [time.monotonic()]
 
-    def training():  # the plan's ranks, past their first epoch's checkpoint, not yet done
+    def started():  # all the plan's ranks of the newest train try are up
         # The try whose ranks are killed is the first, unless an earlier one failed by itself
         # (that one is reported below, and the test goes on with the kill of the next)
         n, ranks = newest_train_ranks(run_id)
-        train = run_dir / "train"
-        if not ranks or not (train / "checkpoints" / "checkpoint").exists() or (train / "result.json").exists():
+        if not ranks:
             if time.monotonic() - checked[0] > 5:  # fail now, not at the timeout, once it cannot happen
                 checked[0] = time.monotonic()
                 ti = task_instances(airflow, run_id)["train"]
                 assert ti["state"] not in ("success", "failed", "upstream_failed"), (
-                    f"the train task ended before its ranks were seen training: {situation(airflow, run_id)}")
+                    f"the train task ended before its ranks were seen: {situation(airflow, run_id)}")
             return None
         planned = json.loads((run_dir / "estimate" / "plan.json").read_text())["ranks"]
         return len(ranks) == len(planned) and (n, ranks)  # one or two ranks, as the estimate measured
 
-    killed_try, ranks = airflow.wait(training, RUN_TIMEOUT, lambda: f"the ranks of {run_id}'s train task to save a "
-                                     f"checkpoint ({situation(airflow, run_id)})", every=0.2)
-    # Freeze the ranks where they are, so the kill lands mid-training however slowly this test runs
-    # (on a busy machine the ranks once finished all ten epochs before it did).  A stopped process
-    # keeps the parent-death SIGTERM pending; it is delivered, as it would have been, at SIGCONT.
-    for pid in ranks:
-        os.kill(pid, signal.SIGSTOP)
+    killed_try, ranks = airflow.wait(started, RUN_TIMEOUT, lambda: f"the ranks of {run_id}'s train task to start "
+                                     f"({situation(airflow, run_id)})", every=0.1)
+    # Where the kill lands must not depend on how fast this process looks: the ranks are frozen
+    # at once and then run in slices of at most 0.3 s, the checkpoint file looked for every 5 ms,
+    # until the first epoch's checkpoint is written; they stay frozen from then on.  (Looking over
+    # every process every 0.2 s while they ran freely, a loaded machine once let the last three
+    # epochs pass between two looks.)  A stopped process keeps the parent-death SIGTERM pending;
+    # it is delivered, as it would have been, at SIGCONT.
+    def freeze(sig: int) -> None:
+        for pid in ranks:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, sig)
+
+    freeze(signal.SIGSTOP)
+    slices = 0
+    while not checkpoint.exists():
+        assert all(alive(pid) for pid in ranks), (
+            f"the ranks ended before their first checkpoint: {situation(airflow, run_id)}")
+        assert slices < 20 * RUN_TIMEOUT, f"no checkpoint after {slices} slices: {situation(airflow, run_id)}"
+        freeze(signal.SIGCONT)
+        end = time.monotonic() + 0.3
+        while time.monotonic() < end and not checkpoint.exists():
+            time.sleep(0.005)
+        freeze(signal.SIGSTOP)
+        slices += 1
+    assert not (run_dir / "train" / "result.json").exists()
     (stage,) = {parent(pid) for pid in ranks}  # the stage process launched the ranks
     task = parent(stage)
     ti = task_instances(airflow, run_id)["train"]
