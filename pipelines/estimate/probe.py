@@ -39,6 +39,7 @@ SIZES_BYTES = (4 << 10, 256 << 10, 2 << 20, 8 << 20)
 REPEATS = 12
 START_BLOCKS = (1, 8)  # conv and batch-normalisation blocks of the two timed models
 PROBE_SHAPE = (8, 8, 1)  # their inputs
+SPEED_WINDOW_S = 0.6  # slowest_rank's window: six of a CPU quota's 100 ms periods
 MAX_RANKS = PROBE_RANKS
 START_AND_TRACE = ("start_fixed_s", "start_per_variable_s", "trace_fixed_s", "trace_per_variable_s")  # start_and_trace: optional link columns
 
@@ -104,30 +105,57 @@ def first_call_s(call: Any, steady_calls: int = 3) -> float:
     return max(0.0, first - (time.perf_counter() - t0) / steady_calls)
 
 
-def horovod_trace_s(hvd: Any, tf: Any, model: Any) -> tuple[float, list[float]]:
+def probe_batch(tf: Any) -> tuple[Any, Any]:
+    """The rows every timed step of the probe takes: 16 of :data:`PROBE_SHAPE`, class 0."""
+    rows = 16
+    return tf.random.stateless_normal([rows, *PROBE_SHAPE], seed=[1, 2]), tf.zeros([rows], tf.int32)
+
+
+def horovod_trace_s(hvd: Any, tf: Any, model: Any) -> float:
     """What the training step of Horovod (:func:`pipelines.sync.step.build_steps`, the trainer's
     own: its gradients allreduced in one group, then applied) adds to the tracing of a plain
     training step of ``model`` (:func:`pipelines.estimate.calibrate.standalone_step`, what the
     sweep's tracing law is measured with): rank 0's first synchronous step beyond its steady step,
     less the slowest rank's plain first step beyond its steady one.  The synchronous first step
     ends for every rank when the slowest has traced its graph and the allreduce's tensors have
-    been negotiated, at the quota of each.  Also returns every rank's plain first step (seconds,
-    by rank): the slowest rank's speed is the one the figure was measured at."""
+    been negotiated, at the quota of each."""
     from pipelines.estimate.calibrate import standalone_step
     from pipelines.sync.step import build_steps, make_optimizer, step_weight
 
-    rows = 16
-    x = tf.random.stateless_normal([rows, *PROBE_SHAPE], seed=[1, 2])
-    y = tf.zeros([rows], tf.int32)
+    x, y = probe_batch(tf)
     plain = standalone_step(model, "sgd")
     plain_s = hvd.allgather(tf.constant([first_call_s(lambda: plain(x, y).numpy())], tf.float64)).numpy()
     slowest_plain = float(plain_s.max())
     steps = build_steps(model, make_optimizer("sgd", 1e-3), hvd, PROBE_SHAPE, 0.0, 1.0)
-    weight = tf.constant(step_weight([rows] * hvd.size(), hvd.rank()), tf.float32)
+    weight = tf.constant(step_weight([int(x.shape[0])] * hvd.size(), hvd.rank()), tf.float32)
     lr = tf.constant(1e-3, tf.float32)
     meet(hvd, tf)  # every rank starts its first step here
     synchronous_s = first_call_s(lambda: steps.train(x, y, weight, lr)[0].numpy())
-    return max(0.0, synchronous_s - slowest_plain), [float(v) for v in plain_s]
+    return max(0.0, synchronous_s - slowest_plain)
+
+
+def steady_rate(call: Any, window_s: float = SPEED_WINDOW_S) -> float:
+    """Calls of ``call`` a second, over at least ``window_s`` of wall time after a first call."""
+    call()
+    calls, t0 = 0, time.perf_counter()
+    while calls == 0 or time.perf_counter() - t0 < window_s:
+        call()
+        calls += 1
+    return calls / (time.perf_counter() - t0)
+
+
+def slowest_rank(hvd: Any, tf: Any, model: Any) -> int:
+    """The rank that runs ``model``'s plain training step the fewest times a second, every rank at
+    once, over :data:`SPEED_WINDOW_S`.  Several CPU-quota periods long, so a quota shows however
+    small its share: a tracing or a step shorter than the share of one period runs at full speed
+    under any quota, and comparing those once named the unthrottled rank the slower one."""
+    from pipelines.estimate.calibrate import standalone_step
+
+    x, y = probe_batch(tf)
+    plain = standalone_step(model, "sgd")
+    meet(hvd, tf)
+    rates = hvd.allgather(tf.constant([steady_rate(lambda: plain(x, y).numpy())], tf.float64)).numpy()
+    return int(rates.argmin())
 
 
 def start_and_trace(hvd: Any, tf: Any) -> dict[str, float]:
@@ -150,23 +178,21 @@ def start_and_trace(hvd: Any, tf: Any) -> dict[str, float]:
       share; a second model of the same size, then the larger one, give the share per variable
       (each figure at least 0).
 
-    All of them are paid at the slowest rank's speed: ``trace_rank`` is the rank whose plain
-    tracing took longest over the three models together (the estimate scales the figures to a
-    plan's slowest rank).  Not the first model's alone: the process's first step carries one-off
-    costs that, on a loaded machine, made the unthrottled rank 0 the slower one there.  Rank 0's
-    figures are the ones it prints, as the trainer's timings are rank 0's."""
+    All of them are paid at the slowest rank's speed: ``trace_rank`` is the rank that runs a
+    plain training step the fewest times a second (:func:`slowest_rank`; the estimate scales the
+    figures to a plan's slowest rank).  Rank 0's figures are the ones it prints, as the trainer's
+    timings are rank 0's."""
     widths = itertools.count(3)  # shapes of their own for every model
     with tempfile.TemporaryDirectory(prefix="probe-start-") as folder:
         first_start, first = timed_start(hvd, tf, START_BLOCKS[0], next(widths), folder)  # the process's first
-        first_trace, plain = horovod_trace_s(hvd, tf, first)  # the process's first synchronous step
+        first_trace = horovod_trace_s(hvd, tf, first)  # the process's first synchronous step
         starts, traces, counts = [], [], []
         for blocks in START_BLOCKS:
             (s1, _), (s2, model) = (timed_start(hvd, tf, blocks, next(widths), folder) for _ in range(2))
             starts.append((min(s1, s2), len(model.variables)))
-            trace, more = horovod_trace_s(hvd, tf, model)
-            traces.append(trace)
-            plain = [a + b for a, b in zip(plain, more, strict=True)]
+            traces.append(horovod_trace_s(hvd, tf, model))
             counts.append(len(model.trainable_variables))
+        trace_rank = slowest_rank(hvd, tf, model)
     (few, n_few), (many, n_many) = starts
     start_per_variable = max(0.0, many - few) / (n_many - n_few)
     per_variable = max(0.0, (traces[1] - traces[0]) / (counts[1] - counts[0]))
@@ -174,7 +200,7 @@ def start_and_trace(hvd: Any, tf: Any) -> dict[str, float]:
             "start_per_variable_s": start_per_variable,
             "trace_per_variable_s": per_variable,
             "trace_fixed_s": max(0.0, first_trace - per_variable * len(first.trainable_variables)),
-            "trace_rank": max(range(len(plain)), key=plain.__getitem__)}
+            "trace_rank": trace_rank}
 
 
 def link_row(pool: PoolSpec, launcher: str, measured: dict[str, Any], source: str) -> dict[str, Any]:
