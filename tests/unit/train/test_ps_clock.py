@@ -179,17 +179,20 @@ def tick_every(clocks, worker: int, times: int, every_s: float) -> threading.Thr
     return thread
 
 
+# The ticking thread must get the CPU within the timeout: beside the other suites of make test
+# (phase 1, at the least CPU weight) it once went 2 s without, so this runs with the timing tests.
+@pytest.mark.timing
 def test_the_timeout_counts_the_time_without_progress_not_the_whole_wait():
-    c = clocks_of(timeout_s=1.0)
+    c = clocks_of(timeout_s=2.0)
     wait = waiter(c)
     set_state(c, [0, 0], busy=[0, 1])
     wait(0)  # traced
-    set_state(c, [10, 2], busy=[0, 1])  # worker 1 busy, 7 ticks behind the bound, one tick per 0.3 s
-    thread = tick_every(c, 1, 7, 0.3)
+    set_state(c, [10, 2], busy=[0, 1])  # worker 1 busy, 7 ticks behind the bound, one tick per 0.35 s
+    thread = tick_every(c, 1, 7, 0.35)
     go, seen, gap, first, waited = wait(0)
     thread.join()
     assert (go, seen, gap, first) == (True, [10, 9], 1, 8)
-    assert waited > 1.5  # longer than timeout_s in all: the slowest moved every 0.3 s
+    assert waited > 2.0  # longer than timeout_s in all: the slowest moved every 0.35 s
 
     set_state(c, [10, 2], busy=[0, 1])  # the same wait for a busy worker that never ticks
     with pytest.raises(tf.errors.InvalidArgumentError) as e:
@@ -198,7 +201,7 @@ def test_the_timeout_counts_the_time_without_progress_not_the_whole_wait():
     # the time without progress, rounded: at least the timeout; more when the loop's last read
     # came late (a process starved of CPU beside other suites)
     still = re.search(r"combined no update in the last (\d+) s", str(e.value))
-    assert still and int(still.group(1)) >= 1, str(e.value)
+    assert still and int(still.group(1)) >= 2, str(e.value)
 
 
 def test_a_resume_rebases_every_clock_to_the_largest():
