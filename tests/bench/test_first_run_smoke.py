@@ -95,7 +95,7 @@ def test_first_run_on_the_local_pool(tmp_path):
     out = tmp_path / "work"
     proc = subprocess.run([sys.executable, str(ROOT / "bench" / "first_run.py"), "--pool", "local", "--size", "tiny",
                            "--runs", "1", "--references", "0", "--rows-per-day", "300", "--shares", "1,1,1",
-                           "--out", str(out)], capture_output=True, text=True, cwd=ROOT, timeout=900)
+                           "--out", str(out)], capture_output=True, text=True, cwd=ROOT, timeout=1800)
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
     line = json.loads(proc.stdout.strip().splitlines()[-1])
     keys = {"pool", "first_run_error_median", "first_run_error_max", "goals_met", "runs", "global_batches",

@@ -22,7 +22,7 @@ ROOT = Path(__file__).resolve().parents[2]
 pytestmark = [pytest.mark.trainer, pytest.mark.integration]
 
 
-def run_bench(script: str, *args, timeout_s: float = 600) -> dict:
+def run_bench(script: str, *args, timeout_s: float = 1800) -> dict:
     """Run ``bench/<script>`` with ``args``; its last line of output, parsed as the JSON line."""
     proc = subprocess.run([sys.executable, str(ROOT / "bench" / script), *map(str, args)],
                           capture_output=True, text=True, cwd=ROOT, timeout=timeout_s)

@@ -66,7 +66,7 @@ def parse(dag_file: str, env_file: Path | None = None, bytecode: Path | None = N
         env.pop("PYTHONDONTWRITEBYTECODE", None)
         env["PYTHONPYCACHEPREFIX"] = str(bytecode)
     code = PARSE.format(plugins=str(ROOT / "plugins"), folder=str(ROOT / "dags" / dag_file))
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=env)
     assert out.returncode == 0, out.stderr[-2000:]
     return json.loads(out.stdout.strip().splitlines()[-1])
 

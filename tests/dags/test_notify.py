@@ -144,11 +144,11 @@ def test_a_failed_task_and_a_promotion_each_send_one_notice(tmp_path, smtp_serve
         "AIRFLOW__HETERO__NOTIFY_ON_FAILURE": json.dumps(failure),
         "AIRFLOW__HETERO__NOTIFY_ON_PROMOTION": json.dumps(promotion),
     })
-    migrate = subprocess.run([str(AIRFLOW), "db", "migrate"], env=env, capture_output=True, text=True, timeout=120)
+    migrate = subprocess.run([str(AIRFLOW), "db", "migrate"], env=env, capture_output=True, text=True, timeout=300)
     assert migrate.returncode == 0, migrate.stderr[-3000:]
     conf = {"dataset": {"uri": str(data)}, "artifact_root": str(tmp_path / "artifacts")}
     proc = subprocess.run([str(AIRFLOW), "dags", "test", "notify_check", "--conf", json.dumps(conf)], env=env,
-                          capture_output=True, text=True, timeout=180, cwd=str(ROOT))
+                          capture_output=True, text=True, timeout=600, cwd=str(ROOT))
     log = proc.stdout + proc.stderr
     with sqlite3.connect(home / "airflow.db") as db:
         states = dict(db.execute("select task_id, state from task_instance where dag_id = 'notify_check'"))

@@ -79,7 +79,7 @@ def preload_on_cluster(cluster, spec_doc: dict, pool: dict, dag_id: str, rows_pe
     gen = subprocess.run(
         [cluster.python, "-m", "pipelines", "generate-data", "--out", str(claim / "data" / "shapes"),
          "--rows-per-day", str(rows_per_day), "--days", "2"],
-        capture_output=True, text=True, timeout=120, env={**os.environ, "PYTHONPATH": str(ROOT)},
+        capture_output=True, text=True, timeout=300, env={**os.environ, "PYTHONPATH": str(ROOT)},
     )
     assert gen.returncode == 0, gen.stderr[-2000:]
     ident = k8s.Identity(dag_id=dag_id, run_id="preloaded", task_id="preload")

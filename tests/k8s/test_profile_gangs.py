@@ -111,7 +111,7 @@ def _bank(cluster, table: str) -> list[dict]:
     code = ("import json, sys; from pipelines.stores.profile_bank import ProfileBank; "
             "print(json.dumps(ProfileBank(sys.argv[1]).read(sys.argv[2]), default=str))")
     bank = cluster.claim_path("artifacts") / "_profiles"
-    out = subprocess.run([cluster.python, "-c", code, str(bank), table], capture_output=True, text=True, timeout=120,
+    out = subprocess.run([cluster.python, "-c", code, str(bank), table], capture_output=True, text=True, timeout=300,
                          env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert out.returncode == 0, out.stderr[-2000:]
     return json.loads(out.stdout.strip().splitlines()[-1])
@@ -171,11 +171,13 @@ def test_the_probe_gang_spans_the_device_types_and_stores_the_pools_kubernetes_l
     (row,) = [r for r in _bank(cluster, "links") if r["pool_key"] == key]  # written by rank 0, on the claim
     assert (row["latency_s"], row["bandwidth_bps"], row["source"]) == (result["latency_s"], result["bandwidth_bps"],
                                                                        result["source"])
-    # a start's cost per variable, measured and stored (beside the other suites it can measure 0)
-    assert 0 <= row["start_per_variable_s"] == result["start_per_variable_s"] < 0.5
-    assert 0 <= row["start_fixed_s"] == result["start_fixed_s"] < 30.0
-    assert 0 <= row["trace_per_variable_s"] == result["trace_per_variable_s"] < 1.0
-    assert 0 <= row["trace_fixed_s"] == result["trace_fixed_s"] < 30.0
+    # a start's and a tracing's costs, measured and stored.  Beside the other suites, at the least CPU
+    # weight, a rank can wait seconds for the CPU between two timings (a 2-core VM once measured
+    # 1.01 s per variable): the bounds only say that the figures are seconds, not garbage
+    assert 0 <= row["start_per_variable_s"] == result["start_per_variable_s"] < 5.0
+    assert 0 <= row["start_fixed_s"] == result["start_fixed_s"] < 120.0
+    assert 0 <= row["trace_per_variable_s"] == result["trace_per_variable_s"] < 5.0
+    assert 0 <= row["trace_fixed_s"] == result["trace_fixed_s"] < 120.0
     assert row["measured_on"] == result["measured_on"] in {"fast", "slow"}  # the type of the probe's slowest rank (beside the other suites, either)
 
 

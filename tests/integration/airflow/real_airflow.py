@@ -148,7 +148,7 @@ class PrivateServer:
 
     def run(self, program: str, *args: str) -> None:
         done = subprocess.run([str(self.bin / program), *args], cwd=self.dir, capture_output=True, text=True,
-                              timeout=120, **self.as_user)
+                              timeout=300, **self.as_user)
         if done.returncode:
             log = self.dir / "server.log"
             raise RuntimeError(f"{program} {' '.join(args)}: exit {done.returncode}\n{done.stdout[-2000:]}"
@@ -211,7 +211,7 @@ def generate(out: Path, days: list[str], rows_per_day: int = 400) -> Path:
     gen = subprocess.run(
         [str(TRAINER_PY), "-m", "pipelines", "generate-data", "--out", str(out), "--rows-per-day", str(rows_per_day),
          "--days", str(len(days)), "--start", days[0]],
-        capture_output=True, text=True, timeout=120, cwd=str(ROOT),
+        capture_output=True, text=True, timeout=300, cwd=str(ROOT),
     )
     assert gen.returncode == 0, gen.stderr[-2000:]
     assert sorted(p.name for p in out.iterdir()) == [f"dt={d}" for d in days]

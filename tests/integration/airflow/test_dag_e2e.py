@@ -47,7 +47,7 @@ def tiny_dataset(tmp_path_factory):
     out = tmp_path_factory.mktemp("data") / "shapes"
     gen = subprocess.run(
         [str(TRAINER_PY), "-m", "pipelines", "generate-data", "--out", str(out), "--rows-per-day", "700", "--days", "2"],
-        capture_output=True, text=True, timeout=120,
+        capture_output=True, text=True, timeout=300,
     )
     assert gen.returncode == 0, gen.stderr[-2000:]
     return out

@@ -102,7 +102,7 @@ def outcomes(tmp_path_factory) -> dict[tuple[str, str], subprocess.CompletedProc
     jobs = {(program, case): prepare(root, program, case, pool) for program, case in CASES}
 
     def run(cmd: list[str]) -> subprocess.CompletedProcess:
-        return subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=ROOT, timeout=180)
+        return subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=ROOT, timeout=600)
 
     with ThreadPoolExecutor(max_workers=2) as pool_:
         done = dict(zip(jobs, pool_.map(run, jobs.values()), strict=True))

@@ -103,7 +103,7 @@ def test_plain_horovod_script_runs_unchanged_via_cli(tmp_path):
         sys.executable,
         str(path),
     ]
-    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=180)
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     results = sorted(
         line.split("RESULT", 1)[1].split() for line in proc.stdout.splitlines() if "RESULT" in line

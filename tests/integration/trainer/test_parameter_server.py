@@ -60,7 +60,7 @@ def signal_all(procs, sig: int) -> None:
             os.kill(proc.pid, sig)
 
 
-def after_first_checkpoint(run: Path, action, timeout=120.0):
+def after_first_checkpoint(run: Path, action, timeout=300.0):
     """``on_start`` hook: once the chief has saved a checkpoint, call ``action(tasks)`` with every
     task frozen (SIGSTOP, then SIGCONT after it), so the action lands where the checkpoint is
     however late this test's thread runs on a busy machine."""
@@ -279,7 +279,7 @@ def test_one_worker_and_sync_rounds_train_exactly_as_one_horovod_rank(tmp_path, 
 
 def placement(which: str) -> dict:
     probe = Path(__file__).with_name("ps_placement_probe.py")
-    proc = subprocess.run([sys.executable, str(probe), which], capture_output=True, text=True, timeout=180,
+    proc = subprocess.run([sys.executable, str(probe), which], capture_output=True, text=True, timeout=600,
                           cwd=str(Path(__file__).resolve().parents[3]))
     assert proc.returncode == 0, proc.stderr[-3000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])

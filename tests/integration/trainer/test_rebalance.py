@@ -41,7 +41,7 @@ def slow_down_later(watch: Watch, changed: dict):
     """on_start: once calibration is done, cut rank 1 (on core 0) from a full core to a quarter."""
 
     def run(limiter):
-        if watch.calibrated.wait(timeout=120):
+        if watch.calibrated.wait(timeout=300):
             time.sleep(1.0)  # training has begun at the calibrated batches
             limiter.set_share("rank1", 0.25)
             changed["at"] = time.time()

@@ -32,7 +32,7 @@ def test_the_data_is_generated_once_then_read_as_it_is(tmp_path):
 def test_the_data_pods_command_prints_its_result_and_refuses_bad_sizes(tmp_path):
     def run(*args):
         return subprocess.run([sys.executable, "-m", "pipelines.estimate.reference", "--data", str(tmp_path / "d"),
-                               *args], capture_output=True, text=True, timeout=120, cwd=ROOT)
+                               *args], capture_output=True, text=True, timeout=300, cwd=ROOT)
 
     done = run("--rows-per-day", "10", "--days", "1")
     assert done.returncode == 0, done.stderr

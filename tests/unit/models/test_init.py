@@ -125,7 +125,7 @@ def test_the_example_model_package_installs_offline_and_builds(tmp_path, monkeyp
     source = shutil.copytree(ROOT / "examples" / "mymodels", tmp_path / "src")  # a build writes beside its sources
     pip = [sys.executable, "-m", "pip", "install", "--quiet", "--no-build-isolation", "--no-index",
            "-c", str(ROOT / "requirements" / "trainer.lock"), "--target", str(tmp_path / "site"), str(source)]
-    done = subprocess.run(pip, capture_output=True, text=True, timeout=120)
+    done = subprocess.run(pip, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
     monkeypatch.syspath_prepend(str(tmp_path / "site"))
     job = yaml.safe_load((ROOT / "examples" / "job-defaults-kubernetes.yaml").read_text())

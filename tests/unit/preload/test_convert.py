@@ -184,7 +184,7 @@ def test_larger_than_the_bound_dataset_preloads_in_bounded_memory(tmp_path):
         ],
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=300,
     )
     assert proc.returncode == 0, proc.stderr
     m = json.loads(proc.stdout.strip().splitlines()[-1])

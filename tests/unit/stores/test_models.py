@@ -107,7 +107,7 @@ def test_runs_publishing_at_once_each_get_a_version_of_their_own(tmp_path, model
     procs = [ctx.Process(target=_publish_at_once, args=(uri, model_files, i, start, results)) for i in range(6)]
     for p in procs:
         p.start()
-    got = dict(results.get(timeout=120) for _ in range(18))
+    got = dict(results.get(timeout=300) for _ in range(18))
     for p in procs:
         p.join(60)
         assert p.exitcode == 0
