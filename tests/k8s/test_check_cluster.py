@@ -226,7 +226,8 @@ def test_without_a_spec_it_checks_the_deployments_job_defaults(ready, pool_file,
                  "--kubeconfig", str(ready.kubeconfig), "--json"])
     out, err = capsys.readouterr()
     result = json.loads(out.strip().splitlines()[-1])
-    assert code == 2 and result["namespace"] == "team-b" and "job spec " in result["job"] and " over job defaults " in result["job"]
+    assert code == 2 and result["namespace"] == "team-b"
+    assert result["job"] == f"job spec (inline JSON) over job defaults {tmp_path / 'defaults.yaml'} (HETERO_JOB_DEFAULTS)"
     assert any("team-b" in f for f in result["failures"]), result
 
 
