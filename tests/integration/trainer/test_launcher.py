@@ -168,7 +168,10 @@ def test_failed_rank_stops_the_job(tmp_path):
     elapsed = time.monotonic() - t0
     assert result.returncode == 7, result.message
     assert result.failed_rank == 1
-    assert elapsed < 40, f"the job took {elapsed:.0f}s to fail (rank 0 sleeps 60s)"
+    # Rank 0 sleeps 60 s, then prints "woke up": its absence and its kill (below) prove the job
+    # stopped it before the sleep ended.  A bound on the elapsed time cannot: at the least CPU weight
+    # beside the timing tests, a rank can wait most of a minute just to start (a run took 66 s).
+    print(f"the job failed after {elapsed:.1f} s")
     assert "rank 1 gives up: disk full (simulated)" in result.tails[1][-1]
     assert "rank 1 exited with code 7" in result.message
     assert "disk full" in result.message  # the failed rank's last lines are in the message
