@@ -360,7 +360,7 @@ def job_to_check(spec_source: str | None) -> tuple[JobSpec, str]:
         raise SpecError(f"check-cluster needs the job to check: --spec, or the deployment's job defaults "
                         f"file named by {ENV_JOB_DEFAULTS}")
     given, where = read_mapping(spec_source, "job spec") if spec_source is not None else ({}, None)
-    if where is not None and not where.startswith("job spec"):  # a file: its path, named as the job spec
+    if where is not None and where == str(spec_source).strip():  # read from a file: where is its path
         where = f"job spec {where}"
     sources = [w for w in (where, source and describe(source)) if w]
     try:
