@@ -116,10 +116,35 @@ def task_log(airflow: Airflow, run_id: str, task_id: str, try_number: int) -> st
 
 
 def earlier_tries(airflow: Airflow, run_id: str, states: dict[str, tuple[str | None, int]]) -> dict[str, str]:
-    """The end of each earlier try's log, for the tasks that needed more than one: why a first try
-    failed, in the message of an assertion that expected none to."""
-    return {f"{task} try {n}": task_log(airflow, run_id, task, n)[-3000:]
-            for task, (_, tries) in states.items() for n in range(1, tries)}
+    """Each earlier try of the run's tasks that ran, with the end of its log: why a first try failed,
+    for the message of an assertion that expected none to.
+
+    A try that Airflow numbered but never ran leaves no record among the task's tries (its
+    history): the try number is spent when the task is scheduled, and only a try that started
+    running is archived when the next begins.  That happens when the executor's process fails
+    before the task starts, which a starved 2-core machine saw once.  Our code never ran in such a
+    try, so it is noted (with the scheduler's event log for the task) but is not a failed try."""
+    tries: dict[str, str] = {}
+    for task, (_, current) in states.items():
+        if current <= 1:
+            continue
+        recorded = {t["try_number"]: t for t in airflow.api.get(f"{run_path(run_id)}/taskInstances/{task}/tries")["task_instances"]}
+        for n in range(1, current):
+            if n in recorded:
+                tries[f"{task} try {n} ({recorded[n]['state']})"] = task_log(airflow, run_id, task, n)[-3000:]
+            else:
+                events = airflow.api.get(f"/eventLogs?dag_id={DAG}&run_id={quote(run_id)}&task_id={task}&limit=50")["event_logs"]
+                NOTES.append(f"{run_id} {task}: try {n} never ran (no record of it); the task's events: "
+                             f"{[(e['event'], e.get('extra')) for e in events]}")
+    return tries
+
+
+def first_tries_succeeded(airflow: Airflow, run_id: str, tasks: list[str]) -> None:
+    """Every one of ``tasks`` succeeded, and no earlier try of it ran (``earlier_tries``)."""
+    states = task_states(airflow, run_id)
+    assert all(states[t][0] == "success" for t in tasks), (states, earlier_tries(airflow, run_id, states))
+    failed = earlier_tries(airflow, run_id, {t: states[t] for t in tasks})
+    assert not failed, (states, failed)
 
 
 def situation(airflow: Airflow, run_id: str) -> str:
@@ -168,7 +193,7 @@ def test_the_timed_run_trains_with_the_deployments_job_defaults(airflow, deploym
     # next test's Asset-triggered run is the next there): it publishes v0001, and the job spec's
     # default promotion (auto) promotes it, there being no promoted version to compare against
     version = deployment_defaults.artifacts / "models" / "small_cnn" / "v0001"
-    assert states == {t: ("success", 1) for t in TASKS}, (states, earlier_tries(airflow, run["dag_run_id"], states))  # every task, first try
+    first_tries_succeeded(airflow, run["dag_run_id"], TASKS)  # every task, on its first try that ran
     publish = result(airflow, run["dag_run_id"], "publish")
     assert publish["version"] == "v0001" and publish["uri"] == str(version), publish
     promote = result(airflow, run["dag_run_id"], "promote")
@@ -195,7 +220,7 @@ def test_a_run_triggered_over_the_rest_api_publishes_a_version_with_its_conf_ove
     run = airflow.api.get(run_path(run_id))
     states = task_states(airflow, run_id)
     assert run["state"] == "success", states
-    assert all(states[t] == ("success", 1) for t in TASKS[:-1]), (states, earlier_tries(airflow, run_id, states))  # first tries; promote: the next test's
+    first_tries_succeeded(airflow, run_id, TASKS[:-1])  # promote: the next test's
     publish = result(airflow, run_id, "publish")
     version = artifacts / "models" / "small_cnn" / "v0001"
     assert publish["version"] == "v0001" and publish["uri"] == str(version)
@@ -222,15 +247,15 @@ def test_a_manual_approval_nobody_answers_takes_its_default_at_the_deadline(airf
     run = airflow.api.get(run_path(run_id))
     states = task_states(airflow, run_id)
     assert run["state"] == "success", states
-    assert states["approve"] == ("success", 1) and states["promote"][0] == "skipped", states
-    assert all(states[t] == ("success", 1) for t in TASKS[:-2]), (states, earlier_tries(airflow, run_id, states))
+    assert states["approve"][0] == "success" and states["promote"][0] == "skipped", states
+    first_tries_succeeded(airflow, run_id, TASKS[:-1])
     approve = result(airflow, run_id, "approve")
     assert approve["chosen_options"] == ["Reject"] and approve["timed_out"] is True, approve
     assert "deadline passed without an answer: the default 'Reject' was applied" in approve["reason"], approve
     detail = airflow.api.get(f"{run_path(run_id)}/taskInstances/approve/-1/hitlDetails")
     assert (detail["defaults"], detail["chosen_options"], detail["responded_by_user"]) == (["Reject"], ["Reject"], None)
     assert "the answer is **Reject**" in detail["body"], detail["body"]
-    assert "Nobody answered before the deadline" in task_log(airflow, run_id, "approve", 1)
+    assert "Nobody answered before the deadline" in task_log(airflow, run_id, "approve", states["approve"][1])
     assert result(airflow, run_id, "publish")["version"] == "v0001"  # published, never promoted
     assert not (artifacts / "models" / "small_cnn" / "PROMOTED.json").exists()
     ti = task_instances(airflow, run_id)["approve"]
@@ -305,9 +330,7 @@ def test_a_backfill_of_six_days_runs_two_at_a_time_each_on_its_own_partition_and
     assert [r["state"] for r in runs] == ["success"] * 6, [(r["dag_run_id"], r["state"]) for r in runs]
     assert [r["logical_date"][:10] for r in runs] == BACKFILL_DAYS  # one run a day
     for run in runs:  # no failed task, not even a failed try that a retry hid
-        states = task_states(airflow, run["dag_run_id"])
-        assert states == {t: ("success", 1) for t in TASKS}, (run["dag_run_id"], states,
-                                                           earlier_tries(airflow, run["dag_run_id"], states))
+        first_tries_succeeded(airflow, run["dag_run_id"], TASKS)
     assert most_at_once(runs) == 2  # max_active_runs: two at once, never more
     NOTES.append(f"backfill of {len(runs)} days, two at a time: {most_at_once(runs)} runs at once at most")
     versions, run_dirs, recompared = [], set(), 0
