@@ -21,7 +21,8 @@ __all__ = ["Combiner", "CombinerOptions", "COMBINER_DOC", "COMBINER_OPTIONS_DOC"
 
 COMBINER_DOC = (
     'How a parameter server merges an update: "staleness_aware" (the default: its gradient weighed by '
-    '1 / (1 + its staleness), so that a late gradient moves the parameters less), "plain" (as it is), '
+    "1 / (1 + its staleness), so that a late gradient moves the parameters less; with the option "
+    'expected_staleness s0, by min(1, (1 + s0) / (1 + its staleness))), "plain" (as it is), '
     '"window_average" (the sample-weighted mean of combine_window updates), "dc_asgd" '
     "(delay-compensated: g + lambda * g * g * (parameters now - parameters the worker read)), "
     '"drop_stale" (as plain, but an update more than max_staleness changes stale is dropped, its rows not trained '
@@ -29,9 +30,9 @@ COMBINER_DOC = (
     "that module, or a name the module registers when imported). Checked before any work starts."
 )
 COMBINER_OPTIONS_DOC = (
-    "Options for the combiner, given to its factory with the worker count (dc_asgd: lambda, adaptive, "
-    "mean_square_momentum). Checked before any work starts when the combiner declares check_options; the keys "
-    "window, max_staleness, workers and mode are the context's own."
+    "Options for the combiner, given to its factory with the worker count (staleness_aware: expected_staleness; "
+    "dc_asgd: lambda, adaptive, mean_square_momentum). Checked before any work starts when the combiner declares "
+    "check_options; the keys window, max_staleness, workers and mode are the context's own."
 )
 
 

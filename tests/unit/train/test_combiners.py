@@ -103,6 +103,26 @@ def test_staleness_aware_divides_the_step_by_one_plus_staleness():
     assert w2.numpy().tolist() == pytest.approx([1.0 - 0.4, -2.0 + 0.2])
 
 
+def test_staleness_aware_with_an_expected_staleness_weighs_only_the_staleness_beyond_it():
+    """expected_staleness 2 (what 3 busy workers make on average): an update 2 changes stale moves
+    fully, one 5 stale by (1 + 2) / (1 + 5)."""
+    for staleness, scale in ((0, 1.0), (2, 1.0), (5, 0.5)):
+        server, combine, w = server_with("staleness_aware", expected_staleness=2)
+        push(server, combine, [0.8, -0.4], lr=0.5, staleness=staleness)
+        assert w.numpy().tolist() == pytest.approx([1.0 - 0.5 * scale * 0.8, -2.0 + 0.5 * scale * 0.4]), staleness
+
+
+@pytest.mark.parametrize(("options", "words"), [
+    ({"expected_staleness": -1}, "expected_staleness must be a number >= 0, got -1"),
+    ({"expected_staleness": "two"}, "expected_staleness must be a number >= 0, got 'two'"),
+    ({"expected_stalenes": 1}, "unknown option(s) expected_stalenes"),
+])
+def test_staleness_aware_options_are_checked_in_the_spec(options, words):
+    with pytest.raises(SpecError) as e:
+        spec_with(update_mode="async", combiner="staleness_aware", combiner_options=options)
+    assert words in str(e.value), str(e.value)
+
+
 def test_staleness_aware_weighs_the_gradient_not_the_momentum_already_there():
     server, combine, w = server_with("staleness_aware")
     push(server, combine, [1.0, 0.0], lr=0.1, staleness=0)  # m = g1
