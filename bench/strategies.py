@@ -133,6 +133,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    "N workers' asynchrony adds, 1 - 1/N (default: %(default)s)")
     p.add_argument("--combiner", default=TrainingSpec.model_fields["combiner"].default,
                    help="the parameter server's combiner (default: the job spec's, %(default)s)")
+    p.add_argument("--combiner-options", type=json.loads, default={},
+                   help='training.combiner_options as JSON, e.g. \'{"expected_staleness": 0}\' (default: none)')
     p.add_argument("--only", default="", help="comma-separated configurations to run (default: all)")
     seeds = p.add_mutually_exclusive_group()
     seeds.add_argument("--seeds", type=int, default=None, help="train every configuration with seeds 1..N (default: 3)")
@@ -246,7 +248,8 @@ class Bench:
         out = self.out(name)
         args = self.args
         spec = write_spec(self.run, name, args, seed, self.rates[configuration], strategy="parameter_server",
-                          combiner=args.combiner, async_momentum=args.async_momentum, **training)
+                          combiner=args.combiner, combiner_options=args.combiner_options,
+                          async_momentum=args.async_momentum, **training)
         ports = free_ports(2 + len(self.profiles))
         cluster = cluster_spec(f"127.0.0.1:{ports[0]}", [f"127.0.0.1:{p}" for p in ports[1:-1]], [f"127.0.0.1:{ports[-1]}"])
         cmd = [sys.executable, "-m", "pipelines.train.ps", "--spec", str(spec), "--run-dir", str(self.run), "--out", str(out)]
@@ -421,7 +424,8 @@ def main(argv: list[str] | None = None) -> int:
         auto_predicted=auto and auto["strategies"], auto_learned_from=args.seed_list[0] if auto else None,
         auto_curves_recorded=auto and auto["curves_recorded"],
         auto_agreement=agreement["per_seed"], auto_picks_faster_to_accuracy=agreement["all"],
-        quota_enforced=all(bench.quota), combiner=args.combiner, async_momentum=args.async_momentum,
+        quota_enforced=all(bench.quota), combiner=args.combiner, combiner_options=args.combiner_options,
+        async_momentum=args.async_momentum,
         async_momentum_applied=server_momentum(TrainingSpec(update_mode="async", async_momentum=args.async_momentum),
                                                args.workers),
         learning_rate=args.learning_rate if args.rates == "fixed" else None, rows=args.rows, epochs=args.epochs,

@@ -97,9 +97,10 @@ def test_two_seeds_reverse_the_order_take_s_from_earlier_async_runs_and_judge_au
     bench, calls, picks, prepared = stand_ins
     work = tmp_path / "work"
     assert bench.main(["--rates", "fixed", "--seeds", "2", "--global-batch", "128", "--rows", "1000",
-                       "--keep", str(work)]) == 0
+                       "--combiner-options", '{"expected_staleness": 1}', "--keep", str(work)]) == 0
     line = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert prepared == [(work, 1000, 0)] and line["seeds"] == [1, 2]
+    assert (line["combiner"], line["combiner_options"]) == ("staleness_aware", {"expected_staleness": 1})
 
     # the runs, seed by seed: the second in the reverse order; each device alone at b, fixed rate
     ran = [(name.removesuffix("_alone"), seed) for name, seed, _ in calls]
