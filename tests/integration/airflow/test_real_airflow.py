@@ -121,9 +121,10 @@ def earlier_tries(airflow: Airflow, run_id: str, states: dict[str, tuple[str | N
 
     A try that Airflow numbered but never ran leaves no record among the task's tries (its
     history): the try number is spent when the task is scheduled, and only a try that started
-    running is archived when the next begins.  That happens when the executor's process fails
-    before the task starts, which a starved 2-core machine saw once.  Our code never ran in such a
-    try, so it is noted (with the scheduler's event log for the task) but is not a failed try."""
+    running is archived when the next begins.  A starved 2-core machine once showed such a try (its
+    cause went unrecorded; an executor process that fails before the task starts is one way to get
+    it).  Our code never ran in such a try, so it is noted, with the scheduler's event log for the
+    task, to say why, but is not a failed try."""
     tries: dict[str, str] = {}
     for task, (_, current) in states.items():
         if current <= 1:
