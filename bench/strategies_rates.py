@@ -11,7 +11,8 @@ Two families, by what one optimizer step is:
   split's rate is the balanced split's too, and one test serves both.  A ``sync`` round is B rows
   applied once (``pipelines.train.ps_chief``): the same step, the same rate.
 * ``ps_update`` (``ps_async``, ``ps_bounded``): an update is b = B / N rows (N workers) applied
-  alone, so the test runs as one rank at batch b on the fast device.
+  alone, so the test runs as one rank at batch b on the fast device, as the stage itself runs it
+  for such a job in a pipeline run (``pipelines.lr_search.result.search_plan``).
 
 The stage's rate applies at its plan's global batch; the spec's ``learning_rate`` applies at B
 (``reference_batch`` is B), so each becomes ``scaled_learning_rate(rate, its batch, B)``

@@ -32,7 +32,7 @@ from pipelines.data.reader import epoch_permutation, open_split
 from pipelines.errors import StageError, exit_codes
 from pipelines.lr_search import range_test as rt
 from pipelines.lr_search.curve import RULE_VERSION, TrialLoss, auto_beta, choose, confirmation, trial_loss
-from pipelines.lr_search.result import STAGE, completed, plot_curve, search_key, tested_result
+from pipelines.lr_search.result import STAGE, completed, plot_curve, search_key, search_plan, tested_result
 from pipelines.models import build_model
 from pipelines.spec import load_spec
 from pipelines.stores.rundir import RunDir, write_json
@@ -84,7 +84,7 @@ def load_search(args: argparse.Namespace, size: int | None = None) -> SearchJob:
     :class:`pipelines.spec.SpecError` or :class:`StageError`, naming the file or field."""
     spec = load_spec(args.spec)
     run_dir = RunDir(args.run_dir)
-    plan = run_plan(run_dir)
+    plan = search_plan(spec, run_plan(run_dir))
     batches = [int(r["batch"]) for r in plan["ranks"]]
     if size is not None and len(batches) != size:
         raise StageError(f"the plan has {len(batches)} ranks but {size} were started")

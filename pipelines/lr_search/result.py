@@ -16,6 +16,7 @@ import math
 from pathlib import Path
 from typing import Any
 
+from pipelines.core.plan import plan_strategy
 from pipelines.stores.rundir import RunDir, atomic_path, input_key
 from pipelines.sync.balance import scaled_learning_rate
 
@@ -38,6 +39,27 @@ def search_key(spec: Any, run_dir: RunDir, plan: dict[str, Any], settings: dict[
         run_dir.read_result("preload").get("input_key"),
         settings,
     )
+
+
+def search_plan(spec: Any, plan: dict[str, Any]) -> dict[str, Any]:
+    """The ranks the range test runs on, from the training's plan; the same on either launcher.
+
+    A Horovod step, and a parameter-server ``sync`` round, is the mean gradient of the plan's B
+    rows: the test runs on the plan's ranks, and its rate is for B.  In ``async`` and ``bounded``
+    modes with several workers, each worker's update of b = B / N rows is applied alone, so the
+    test runs as one rank at b, on the device of the fastest worker the plan predicts (the
+    smallest ``ps.cycle_s``; the first worker without a prediction): its rate is for b, which the
+    trainer scales to B and the chief back to b for each update (the linear-scaling rule), so every
+    update moves at the rate found for b rows.  Searching those at B, as one step, gave each update
+    a rate 6 times smaller on bench/strategies.py's pool (docs/ARCHITECTURE.md, "Learning-rate
+    search").  ``searched_for`` says which: ``step`` or ``update``."""
+    ranks = plan["ranks"]
+    if plan_strategy(spec, plan) != "parameter_server" or spec.training.update_mode == "sync" or len(ranks) < 2:
+        return {**plan, "searched_for": "step"}
+    cycles = (plan.get("ps") or {}).get("cycle_s") or []
+    fastest = min(range(len(ranks)), key=lambda i: cycles[i]) if len(cycles) == len(ranks) else 0
+    b = int(ranks[fastest]["batch"])
+    return {**plan, "global_batch": b, "ranks": [{**ranks[fastest], "rank": 0, "batch": b}], "searched_for": "update"}
 
 
 def completed(run_dir: RunDir, key: str) -> dict[str, Any] | None:
@@ -90,6 +112,7 @@ def tested_result(spec: Any, plan: dict[str, Any], test: dict[str, Any], choice:
         "references": analysis["references"],
         "ranks": len(plan["ranks"]),
         "batches": [int(r["batch"]) for r in plan["ranks"]],
+        "searched_for": plan.get("searched_for", "step"),
         "optimizer": spec.training.optimizer,
         "min_loss_lr": analysis["min_loss_lr"],
         "steepest_lr": analysis["steepest_lr"],

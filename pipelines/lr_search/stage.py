@@ -5,8 +5,9 @@ Inputs: the job spec, ``preload/result.json`` (training shards, normalisation) a
 contracts"; built by :mod:`pipelines.lr_search.result`) and ``lr_search/curve.png``.
 
 The test runs as the plan's ranks (:mod:`pipelines.lr_search.ranks`), with their heterogeneous
-local batches and weighted gradients: here with the local launcher; on Kubernetes the gang
-operator starts the same rank command as pods.  Rank 0 writes the result; this stage adds only
+local batches and weighted gradients (a parameter-server job in ``async`` or ``bounded`` mode: as
+one worker's update, :func:`pipelines.lr_search.result.search_plan`): here with the local
+launcher; on Kubernetes the gang operator starts the same rank command as pods.  Rank 0 writes the result; this stage adds only
 what the local launcher knows.  When ``training.learning_rate`` is a number the test is skipped
 and that rate is returned with method ``"fixed"``.
 """
@@ -19,7 +20,7 @@ from pipelines.core.plan import run_plan
 from pipelines.core.stages import StageContext
 from pipelines.launch.local import run_stage_ranks
 from pipelines.lr_search.ranks import test_settings
-from pipelines.lr_search.result import STAGE, completed, fixed_result, search_key
+from pipelines.lr_search.result import STAGE, completed, fixed_result, search_key, search_plan
 from pipelines.spec import JobSpec, SpecError, load_pool
 from pipelines.stores.rundir import RunDir
 
@@ -35,7 +36,7 @@ def run(spec: JobSpec, run_dir: RunDir, ctx: StageContext) -> dict:
             gb = spec.training.global_batch
             global_batch = None if gb == "auto" else int(gb)
         return fixed_result(spec, global_batch)
-    plan = run_plan(run_dir, pool=load_pool(spec.pool))  # no more ranks of a type than the pool has
+    plan = search_plan(spec, run_plan(run_dir, pool=load_pool(spec.pool)))  # no more ranks of a type than the pool has
     key = search_key(spec, run_dir, plan, test_settings())
     if not ctx.fresh and (done := completed(run_dir, key)) is not None:
         log.info("lr_search: reusing the completed result for the same inputs")

@@ -351,6 +351,20 @@ def test_lr_search_runs_the_range_test_as_the_plans_rank_pods(spec_doc, mixed_pl
         HorovodJobOperator(task_id="analyze", spec_json=spec_doc, plan=mixed_plan, stage="analyze")
 
 
+def test_an_async_parameter_server_jobs_range_test_is_one_pod_on_the_fastest_workers_device(spec_doc, mixed_plan):
+    """async: one worker's update of b rows is what the test searches, so the gang is one pod at b
+    on the device the plan predicts fastest, as the local launcher starts it
+    (pipelines.lr_search.result.search_plan)."""
+    spec_doc["training"].update(strategy="parameter_server", update_mode="async")
+    plan = {**mixed_plan, "strategy": "parameter_server", "global_batch": 192,
+            "ranks": [{**r, "batch": 64} for r in mixed_plan["ranks"]],
+            "ps": {"update_mode": "async", "cycle_s": [0.2, 0.1, 0.4]}}
+    op = HorovodJobOperator(task_id="lr_search", spec_json=spec_doc, plan=plan, stage="lr_search")
+    (pod,) = op.make_runner().job.manifests(identity_from_context(make_context(task_id="lr_search")))["pods"]
+    assert pod["metadata"]["labels"]["device_type"] == "v100"  # cycle_s 0.1
+    assert pod["spec"]["containers"][0]["command"][:3] == ["python", "-m", "pipelines.lr_search.ranks"]
+
+
 @pytest.mark.parametrize(("learning_rate", "gang"), [("auto", True), (0.01, False)])
 def test_the_lr_search_task_starts_a_gang_only_when_there_is_a_rate_to_search(monkeypatch, spec_doc, learning_rate, gang):
     from hetero.operators import PipelineStageOperator

@@ -33,6 +33,7 @@ from hetero.triggers import GangTrigger
 from pipelines.core.plan import default_plan, load_plan
 from pipelines.core.profiling_commands import DEFAULT_SIZE
 from pipelines.launch import k8s
+from pipelines.lr_search.result import search_plan
 from pipelines.spec import JobSpec, PoolSpec, load_pool
 
 __all__ = [
@@ -81,6 +82,8 @@ def horovod_job(spec: JobSpec, plan: str | dict | None = None, *, pool: str | di
 
     def manifests(identity: k8s.Identity) -> Manifests:
         pool_spec, plan_doc = _pool_and_plan(spec, pool, plan)
+        if stage == "lr_search":  # the ranks the range test runs on, as the local launcher starts them
+            plan_doc = search_plan(spec, plan_doc)
         return k8s.job_manifests(spec, pool_spec, plan_doc, identity, run_dir, fresh=fresh, stage=stage)
 
     return GangJob(HOROVOD, "Horovod job", manifests)

@@ -107,3 +107,25 @@ def test_the_stage_runs_the_test_on_the_plans_fast_and_slow_devices(tmp_path):
     on_disk = json.loads((run / "lr_search" / "result.json").read_text())
     assert on_disk["input_key"] == result["input_key"]
     json.dumps(result, allow_nan=False)  # strict JSON
+
+
+def test_an_async_parameter_server_job_searches_one_workers_update(tmp_path):
+    """async: each worker's update of b rows is applied alone, so the stage runs the test as one
+    rank at b on the fastest worker's device (the plan's smallest cycle_s), and its rate is for b."""
+    from pipelines.core.stages import StageContext
+    from pipelines.lr_search.stage import run as run_stage
+    from pipelines.spec import load_spec
+    from pipelines.stores.rundir import RunDir
+    from pipelines.train.rank_job import base_learning_rate
+
+    run = search_run(tmp_path / "run", [16, 16], devices=["slow", "fast"], strategy="parameter_server",
+                     update_mode="async")
+    plan = json.loads((run / "estimate" / "plan.json").read_text())
+    plan.update(strategy="parameter_server", global_batch=32, ps={"update_mode": "async", "cycle_s": [0.3, 0.1]})
+    (run / "estimate" / "plan.json").write_text(json.dumps(plan))
+    spec = load_spec(str(run / "spec.json"))
+    result = run_stage(spec, RunDir(run), StageContext(dag_id="t", run_id="r"))
+    assert (result["ranks"], result["batches"], result["global_batch"], result["searched_for"]) == (1, [16], 16, "update")
+    assert result["method"].startswith("range_test")
+    # the trainer scales it to B = 32 (the chief then back to b = 16 for each update)
+    assert base_learning_rate(spec.training, RunDir(run), 32) == pytest.approx(2 * result["learning_rate"])
