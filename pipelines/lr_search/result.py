@@ -45,16 +45,18 @@ def search_plan(spec: Any, plan: dict[str, Any]) -> dict[str, Any]:
     """The ranks the range test runs on, from the training's plan; the same on either launcher.
 
     A Horovod step, and a parameter-server ``sync`` round, is the mean gradient of the plan's B
-    rows: the test runs on the plan's ranks, and its rate is for B.  In ``async`` and ``bounded``
-    modes with several workers, each worker's update of b = B / N rows is applied alone, so the
-    test runs as one rank at b, on the device of the fastest worker the plan predicts (the
+    rows: the test runs on the plan's ranks, and its rate is for B.  So is a ``bounded`` job's
+    (stale-synchronous: its workers stay within s clocks, so their updates come nearly in rounds of
+    N, each round computed on nearly the same parameters: a sync round applied in N pieces).  In
+    ``async`` mode with several workers, each worker's update of b = B / N rows is applied alone, so
+    the test runs as one rank at b, on the device of the fastest worker the plan predicts (the
     smallest ``ps.cycle_s``; the first worker without a prediction): its rate is for b, which the
     trainer scales to B and the chief back to b for each update (the linear-scaling rule), so every
     update moves at the rate found for b rows.  Searching those at B, as one step, gave each update
     a rate 6 times smaller on bench/strategies.py's pool (docs/ARCHITECTURE.md, "Learning-rate
     search").  ``searched_for`` says which: ``step`` or ``update``."""
     ranks = plan["ranks"]
-    if plan_strategy(spec, plan) != "parameter_server" or spec.training.update_mode == "sync" or len(ranks) < 2:
+    if plan_strategy(spec, plan) != "parameter_server" or spec.training.update_mode != "async" or len(ranks) < 2:
         return {**plan, "searched_for": "step"}
     cycles = (plan.get("ps") or {}).get("cycle_s") or []
     fastest = min(range(len(ranks)), key=lambda i: cycles[i]) if len(cycles) == len(ranks) else 0

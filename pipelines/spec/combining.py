@@ -21,8 +21,9 @@ __all__ = ["Combiner", "CombinerOptions", "COMBINER_DOC", "COMBINER_OPTIONS_DOC"
 
 COMBINER_DOC = (
     'How a parameter server merges an update: "staleness_aware" (the default: its gradient weighed by '
-    "1 / (1 + its staleness), so that a late gradient moves the parameters less; with the option "
-    'expected_staleness s0, by min(1, (1 + s0) / (1 + its staleness))), "plain" (as it is), '
+    "min(1, (1 + s0) / (1 + its staleness)), so that a late gradient moves the parameters less; s0 is the option "
+    "expected_staleness, by default N - 1 for N workers in bounded mode, whose updates come nearly in rounds, "
+    '0 otherwise), "plain" (as it is), '
     '"window_average" (the sample-weighted mean of combine_window updates), "dc_asgd" '
     "(delay-compensated: g + lambda * g * g * (parameters now - parameters the worker read)), "
     '"drop_stale" (as plain, but an update more than max_staleness changes stale is dropped, its rows not trained '

@@ -185,8 +185,9 @@ class TrainingSpec(Strict):
     async_momentum: Annotated[float, Field(ge=0, lt=1)] | Literal["auto"] = Field(
         "auto",
         description="Parameter-server async and bounded modes with SGD: the servers' momentum, a number in [0, 1) "
-        "or auto: 0.9 less the momentum that N asynchronous workers add by themselves, 1 - 1/N (0.4 for 2 "
-        "workers, 0.233 for 3, 0 from 10). Sync mode and a single worker use 0.9, as Horovod does.",
+        "or auto: in async mode 0.9 less the momentum that N asynchronous workers add by themselves, 1 - 1/N "
+        "(0.4 for 2 workers, 0.233 for 3, 0 from 10); in bounded mode 0.9 (its workers' updates come nearly in "
+        "rounds: a delay, not momentum). Sync mode and a single worker use 0.9, as Horovod does.",
     )
     parameter_servers: int = Field(
         1, ge=1, le=16, description="Parameter-server strategy: how many servers the variables are sharded over."

@@ -240,16 +240,18 @@ def staleness_aware(server, options: Mapping):
     """Apply every update with its gradient weighed down by its staleness τ: g / (1 + τ) enters
     the momentum (with Adam, which normalises a gradient's scale away, the step is scaled).
 
-    The option ``expected_staleness`` τ0 (a number ≥ 0; default 0, Zhang et al. 2016) weighs only
-    the staleness beyond it: g * min(1, (1 + τ0) / (1 + τ)).  N busy workers' updates are N - 1
-    changes stale on average, whatever their speeds (worker i's update lags by the others' updates
-    while it computes), so τ0 = N - 1 weighs down only updates later than usual.  It is not the
-    default: with the momentum corrected for asynchrony, τ0 = N - 1 diverged on one seed of three
-    on 3 workers, and on 2 it held async where the default holds it and did not rescue ``bounded``
+    The option ``expected_staleness`` τ0 (a number ≥ 0) weighs only the staleness beyond it:
+    g * min(1, (1 + τ0) / (1 + τ)).  N busy workers' updates are N - 1 changes stale on average,
+    whatever their speeds (worker i's update lags by the others' updates while it computes), so
+    τ0 = N - 1 weighs down only updates later than usual.  Its default: N - 1 in ``bounded`` mode,
+    whose updates come nearly in rounds of N, each round a sync round applied in pieces (trained,
+    like sync, with momentum 0.9 and a B-row step's rate); 0 otherwise (Zhang et al. 2016): in
+    async mode τ0 = N - 1 diverged on one seed of three on 3 workers and changed nothing on 2
     (bench/README.md, "bench/strategies.py")."""
     import tensorflow as tf
 
-    base = float(options.get("expected_staleness", 0.0))
+    default = max(0, int(options.get("workers", 1)) - 1) if options.get("mode") == "bounded" else 0
+    base = float(options.get("expected_staleness", default))
 
     def combine(update):
         tau = tf.cast(update.staleness, tf.float32)

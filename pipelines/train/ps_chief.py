@@ -436,13 +436,15 @@ class Chief(TrainingRun):
 def server_momentum(training, workers: int) -> float:
     """The servers' SGD momentum: 0.9, as Horovod mode's, in sync mode or with one worker (so one
     worker trains exactly as one Horovod rank).  In async and bounded modes, a number in
-    ``training.async_momentum`` as it is, or ``"auto"``: 0.9 less the momentum that N workers'
-    asynchrony adds by itself, 1 - 1/N (Mitliagkas et al. 2016, "Asynchrony begets momentum"), never
-    below 0 (docs/ARCHITECTURE.md, "Parameter-server training"; measured by bench/strategies.py)."""
+    ``training.async_momentum`` as it is, or ``"auto"``: in async mode 0.9 less the momentum that N
+    workers' asynchrony adds by itself, 1 - 1/N (Mitliagkas et al. 2016, "Asynchrony begets
+    momentum"), never below 0; in bounded mode 0.9, since SSP's near-rounds make a fixed delay of
+    about N - 1 changes, which is not momentum (docs/ARCHITECTURE.md, "Parameter-server training";
+    measured by bench/strategies.py)."""
     if horovod_form(training.update_mode, workers):
         return MOMENTUM
     if training.async_momentum == "auto":
-        return corrected_momentum(workers)
+        return MOMENTUM if training.update_mode == "bounded" else corrected_momentum(workers)
     return float(training.async_momentum)
 
 

@@ -1,5 +1,5 @@
 """Which ranks the range test runs on (pipelines.lr_search.result.search_plan): the plan's, or one
-worker's update for a parameter-server job in async or bounded mode."""
+worker's update for a parameter-server job in async mode."""
 
 from __future__ import annotations
 
@@ -21,9 +21,8 @@ def ps_plan(cycles=None):
             **({"ps": {"update_mode": "async", "cycle_s": cycles}} if cycles is not None else {})}
 
 
-@pytest.mark.parametrize("mode", ["async", "bounded"])
-def test_an_asynchronous_job_searches_one_update_on_the_fastest_worker(mode):
-    plan = search_plan(spec(strategy="parameter_server", update_mode=mode), ps_plan([0.3, 0.1, 0.2]))
+def test_an_asynchronous_job_searches_one_update_on_the_fastest_worker():
+    plan = search_plan(spec(strategy="parameter_server", update_mode="async"), ps_plan([0.3, 0.1, 0.2]))
     assert (plan["global_batch"], plan["searched_for"]) == (64, "update")
     assert plan["ranks"] == [{"rank": 0, "device": "fast", "batch": 64}]
 
@@ -39,7 +38,8 @@ def test_auto_follows_the_estimates_choice():
     assert search_plan(spec(strategy="auto", update_mode="async"), horovod) == {**horovod, "searched_for": "step"}
 
 
-@pytest.mark.parametrize("training", [{"strategy": "horovod"}, {"strategy": "parameter_server", "update_mode": "sync"}])
+@pytest.mark.parametrize("training", [{"strategy": "horovod"}, {"strategy": "parameter_server", "update_mode": "sync"},
+                                      {"strategy": "parameter_server", "update_mode": "bounded"}])
 def test_a_step_of_b_rows_is_searched_on_the_plans_ranks(training):
     plan = ps_plan([0.3, 0.1, 0.2]) if training["strategy"] == "parameter_server" else {"global_batch": 192, "ranks": RANKS}
     assert search_plan(spec(**training), plan) == {**plan, "searched_for": "step"}

@@ -103,6 +103,15 @@ def test_staleness_aware_divides_the_step_by_one_plus_staleness():
     assert w2.numpy().tolist() == pytest.approx([1.0 - 0.4, -2.0 + 0.2])
 
 
+def test_in_bounded_mode_staleness_aware_spares_the_n_minus_1_changes_of_a_round():
+    from pipelines.train.combiners import CombinerContext
+
+    for mode, staleness, scale in (("bounded", 2, 1.0), ("bounded", 5, 0.5), ("async", 2, 1 / 3)):
+        server, combine, w = server_with("staleness_aware", **CombinerContext(3, mode, 1, 4))
+        push(server, combine, [0.8, -0.4], lr=0.5, staleness=staleness)
+        assert w.numpy().tolist() == pytest.approx([1.0 - 0.5 * scale * 0.8, -2.0 + 0.5 * scale * 0.4]), (mode, staleness)
+
+
 def test_staleness_aware_with_an_expected_staleness_weighs_only_the_staleness_beyond_it():
     """expected_staleness 2 (what 3 busy workers make on average): an update 2 changes stale moves
     fully, one 5 stale by (1 + 2) / (1 + 5)."""

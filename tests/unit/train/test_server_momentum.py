@@ -18,6 +18,14 @@ def test_auto_takes_off_the_momentum_asynchrony_adds(workers, expected):
     assert corrected_momentum(workers) == pytest.approx(expected, abs=1e-6)
 
 
+@pytest.mark.parametrize("workers", [2, 3, 10])
+def test_auto_keeps_horovods_momentum_in_bounded_mode(workers):
+    """SSP's workers stay within s clocks, so their updates come nearly in rounds: a delay of about
+    N - 1 changes, not the spread staleness that acts as momentum."""
+    training = TrainingSpec(strategy="parameter_server", update_mode="bounded")
+    assert server_momentum(training, workers) == 0.9
+
+
 @pytest.mark.parametrize("mode", ["async", "bounded"])
 def test_a_number_is_taken_as_it_is(mode):
     training = TrainingSpec(strategy="parameter_server", update_mode=mode, async_momentum=0.75)
