@@ -4,15 +4,16 @@ family of configurations, with the first seed.
 
 Two families, by what one optimizer step is:
 
-* ``horovod`` (``horovod_equal``, ``horovod_balanced``, ``ps_sync``): a step is the mean gradient
-  of B rows.  The range test runs as a real run's does, on the plan's ranks (every device, B split
-  equally).  Its step weights each rank's gradient by its share of B, so the curve is that of one
+* ``horovod`` (``horovod_equal``, ``horovod_balanced``, ``ps_sync``, ``ps_bounded``): a step is the
+  mean gradient of B rows (``bounded``: SSP's updates come nearly in rounds of N, a sync round
+  applied in pieces).  The range test runs as a real run's does, on the plan's ranks (every
+  device, B split equally).  Its step weights each rank's gradient by its share of B, so the curve is that of one
   process on the step's B rows however B is split (``pipelines.lr_search.range_test``): the equal
   split's rate is the balanced split's too, and one test serves both.  A ``sync`` round is B rows
   applied once (``pipelines.train.ps_chief``): the same step, the same rate.
-* ``ps_update`` (``ps_async``, ``ps_bounded``): an update is b = B / N rows (N workers) applied
-  alone, so the test runs as one rank at batch b on the fast device, as the stage itself runs it
-  for such a job in a pipeline run (``pipelines.lr_search.result.search_plan``).
+* ``ps_update`` (``ps_async``): an update is b = B / N rows (N workers) applied alone, so the
+  test runs as one rank at batch b on the fast device, as the stage itself runs it for such a job
+  in a pipeline run (``pipelines.lr_search.result.search_plan``).
 
 The stage's rate applies at its plan's global batch; the spec's ``learning_rate`` applies at B
 (``reference_batch`` is B), so each becomes ``scaled_learning_rate(rate, its batch, B)``
@@ -39,7 +40,7 @@ from pipelines.launch.local import Profile  # noqa: E402
 from pipelines.stores.rundir import write_json  # noqa: E402
 from pipelines.sync.balance import scaled_learning_rate, split_proportional  # noqa: E402
 
-FAMILIES = {"horovod": ("horovod_equal", "horovod_balanced", "ps_sync"), "ps_update": ("ps_async", "ps_bounded")}
+FAMILIES = {"horovod": ("horovod_equal", "horovod_balanced", "ps_sync", "ps_bounded"), "ps_update": ("ps_async",)}
 
 
 def family_of(configuration: str) -> str:
