@@ -237,13 +237,13 @@ def plain(server, options: Mapping):
 
 
 def staleness_aware(server, options: Mapping):
-    """Apply every update with its gradient weighed down by its staleness τ: g / (1 + τ) enters
-    the momentum (with Adam, which normalises a gradient's scale away, the step is scaled).
+    """Apply every update with its gradient weighed down by its staleness τ beyond τ0:
+    g * min(1, (1 + τ0) / (1 + τ)) enters the momentum, g / (1 + τ) where τ0 is 0 (with Adam, which
+    normalises a gradient's scale away, the step is scaled).
 
-    The option ``expected_staleness`` τ0 (a number ≥ 0) weighs only the staleness beyond it:
-    g * min(1, (1 + τ0) / (1 + τ)).  N busy workers' updates are N - 1 changes stale on average,
-    whatever their speeds (worker i's update lags by the others' updates while it computes), so
-    τ0 = N - 1 weighs down only updates later than usual.  Its default: N - 1 in ``bounded`` mode,
+    τ0 is the option ``expected_staleness`` (a number ≥ 0).  N busy workers' updates are N - 1
+    changes stale on average, whatever their speeds (worker i's update lags by the others' updates
+    while it computes), so τ0 = N - 1 weighs down only updates later than usual.  Its default: N - 1 in ``bounded`` mode,
     whose updates come nearly in rounds of N, each round a sync round applied in pieces (trained,
     like sync, with momentum 0.9 and a B-row step's rate); 0 otherwise (Zhang et al. 2016): in
     async mode τ0 = N - 1 diverged on one seed of three on 3 workers and changed nothing on 2
