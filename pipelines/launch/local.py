@@ -178,7 +178,9 @@ def rank_env(rank: int, size: int, port: int, profile: Profile, base: dict[str, 
     # A rank that stalls (a peer hung, not dead) shuts the job down instead of waiting forever.
     env.setdefault("HOROVOD_STALL_CHECK_TIME_SECONDS", "30")
     env.setdefault("HOROVOD_STALL_SHUTDOWN_TIME_SECONDS", "120")
-    env.setdefault("HOROVOD_GLOO_TIMEOUT_SECONDS", "60")
+    # The rendezvous waits this long for a late peer: on a starved 2-core machine a rank's start
+    # (TensorFlow's import under a CPU quota) once lagged its peer's by more than 60 s.
+    env.setdefault("HOROVOD_GLOO_TIMEOUT_SECONDS", "300")
     env.setdefault("PYTHONUNBUFFERED", "1")
     env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     return env
