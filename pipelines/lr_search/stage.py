@@ -5,10 +5,10 @@ Inputs: the job spec, ``preload/result.json`` (training shards, normalisation) a
 contracts"; built by :mod:`pipelines.lr_search.result`) and ``lr_search/curve.png``.
 
 The test runs as the plan's ranks (:mod:`pipelines.lr_search.ranks`), with their heterogeneous
-local batches and weighted gradients (a parameter-server job in ``async`` or ``bounded`` mode: as
-one worker's update, :func:`pipelines.lr_search.result.search_plan`): here with the local
-launcher; on Kubernetes the gang operator starts the same rank command as pods.  Rank 0 writes the result; this stage adds only
-what the local launcher knows.  When ``training.learning_rate`` is a number the test is skipped
+local batches and weighted gradients (a parameter-server job in ``async`` mode: as one worker's
+update, :func:`pipelines.lr_search.result.search_plan`): here with the local launcher; on
+Kubernetes the gang operator starts the same rank command as pods.  Rank 0 writes the result; this
+stage adds only what the local launcher knows.  When ``training.learning_rate`` is a number the test is skipped
 and that rate is returned with method ``"fixed"``.
 """
 

@@ -243,8 +243,8 @@ def staleness_aware(server, options: Mapping):
 
     τ0 is the option ``expected_staleness`` (a number ≥ 0).  N busy workers' updates are N - 1
     changes stale on average, whatever their speeds (worker i's update lags by the others' updates
-    while it computes), so τ0 = N - 1 weighs down only updates later than usual.  Its default: N - 1 in ``bounded`` mode,
-    whose updates come nearly in rounds of N, each round a sync round applied in pieces (trained,
+    while it computes), so τ0 = N - 1 weighs down only updates later than usual.  Its default:
+    N - 1 in ``bounded`` mode, whose updates come nearly in rounds of N, each round a sync round applied in pieces (trained,
     like sync, with momentum 0.9 and a B-row step's rate); 0 otherwise (Zhang et al. 2016): in
     async mode τ0 = N - 1 diverged on one seed of three on 3 workers and changed nothing on 2
     (bench/README.md, "bench/strategies.py")."""
