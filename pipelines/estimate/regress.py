@@ -15,12 +15,15 @@ all rows of one model are held out together, so the score is the error on models
 saw.  The candidate with the lowest mean absolute percentage error wins; its score and every
 candidate's are reported.
 
-The laws that use the layer mix (:data:`pipelines.stores.profile_bank.LAYER_MIX`: the bytes out
-of normalisation layers, of layers with a fused activation and of embedding lookups) need those
-columns, which rows written before them lack.  A device type whose rows all have them gets every
-candidate; one with rows of at least :data:`MIN_MIX_MODELS` models that have them fits on those
-alone (its older rows still correct their own model's prediction, :mod:`pipelines.estimate.predict`);
-any other keeps the older candidates on all its rows until it is profiled again.
+The laws that use the optional columns need them, and rows written before them lack them.  There
+are two tiers (:data:`pipelines.stores.profile_bank.OPTIONAL_TIERS`): the layer mix (the bytes out
+of normalisation layers, of layers with a fused activation and of embedding lookups), then the
+conv FLOPs at a vector width (:mod:`pipelines.estimate.features`).  For the richest tier first: a
+device type whose rows all have its columns and those of the tiers before gets every candidate
+that uses them; one with rows of at least :data:`MIN_MIX_MODELS` models that have them fits on
+those alone (its older rows still correct their own model's prediction,
+:mod:`pipelines.estimate.predict`); otherwise the next tier down is tried, and at the bottom the
+older candidates fit every row until the device type is profiled again.
 """
 
 from __future__ import annotations
@@ -29,7 +32,14 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from pipelines.stores.profile_bank import LAYER_MIX, BankError, ProfileBank, complete_steps, has_layer_mix
+from pipelines.stores.profile_bank import (
+    OPTIONAL,
+    OPTIONAL_TIERS,
+    BankError,
+    ProfileBank,
+    complete_steps,
+    has_columns,
+)
 
 # name -> (per-model features, per-sample features); an intercept is always included.
 STEP_LAWS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
@@ -52,6 +62,14 @@ STEP_LAWS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
         ("conv_flops_per_sample", "dense_flops_per_sample", "activation_bytes_per_sample", "activated_bytes_per_sample",
          "norm_bytes_per_sample", "embedding_bytes_per_sample"),
     ),
+    # the convs' FLOPs at a vector width besides the plain ones: NNLS weighs the two, so a layer of
+    # few channels costs what its blocks do where the device computes in blocks
+    **{f"conv+simd{w}+dense+activations+mix+params+layers": (
+        ("params", "num_layers"),
+        ("conv_flops_per_sample", f"conv_flops_simd{w}_per_sample", "dense_flops_per_sample",
+         "activation_bytes_per_sample", "activated_bytes_per_sample", "norm_bytes_per_sample",
+         "embedding_bytes_per_sample"),
+    ) for w in (8, 16)},
 }
 MEMORY_LAWS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "params+activations": (("params",), ("activation_bytes_per_sample",)),
@@ -175,34 +193,41 @@ def trace_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
-def without_mix(laws: dict[str, tuple[tuple[str, ...], tuple[str, ...]]]) -> dict[str, tuple[tuple[str, ...], tuple[str, ...]]]:
-    """The candidates that need no layer-mix column."""
-    return {name: parts for name, parts in laws.items() if not set(parts[0] + parts[1]) & set(LAYER_MIX)}
+Laws = dict[str, tuple[tuple[str, ...], tuple[str, ...]]]
 
 
-def mix_rows(rows: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], bool]:
-    """The rows one device type's laws fit, and whether the layer-mix laws are candidates (see the
-    module docstring)."""
+def usable(laws: Laws, columns: tuple[str, ...]) -> Laws:
+    """The candidates whose optional columns are all among ``columns``."""
+    return {name: parts for name, parts in laws.items() if set(parts[0] + parts[1]) & set(OPTIONAL) <= set(columns)}
+
+
+def without_mix(laws: Laws) -> Laws:
+    """The candidates that need no optional column."""
+    return usable(laws, ())
+
+
+def law_rows(rows: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], tuple[str, ...]]:
+    """The rows one device type's laws fit, and the optional columns its candidates may use (see
+    the module docstring)."""
     rows = complete_steps(rows)
-    mixed = [r for r in rows if has_layer_mix(r)]
-    if len(mixed) == len(rows):
-        return rows, True
-    if len({r["model_key"] for r in mixed}) >= MIN_MIX_MODELS:
-        return mixed, True
-    return rows, False
+    for depth in range(len(OPTIONAL_TIERS), 0, -1):
+        columns = tuple(k for tier in OPTIONAL_TIERS[:depth] for k in tier)
+        have = [r for r in rows if has_columns(r, columns)]
+        if len(have) == len(rows) or len({r["model_key"] for r in have}) >= MIN_MIX_MODELS:
+            return have, columns
+    return rows, ()
 
 
 def fit_device(rows: list[dict[str, Any]]) -> dict[str, Law | None]:
     """The step-time, memory and tracing laws of one device type's rows (memory and tracing None
     when no row measured them)."""
-    rows, mix = mix_rows(rows)
-    step = select(rows, "step_s", STEP_LAWS if mix else without_mix(STEP_LAWS))
+    rows, columns = law_rows(rows)
+    step = select(rows, "step_s", usable(STEP_LAWS, columns))
     memory_rows = [r for r in rows if r.get("peak_memory_bytes")]
     traced = trace_rows(rows)
     return {
         "step": step,
-        "memory": select(memory_rows, "peak_memory_bytes", MEMORY_LAWS if mix else without_mix(MEMORY_LAWS))
-        if memory_rows else None,
+        "memory": select(memory_rows, "peak_memory_bytes", usable(MEMORY_LAWS, columns)) if memory_rows else None,
         "trace": select(traced, "trace_s", TRACE_LAWS) if traced else None,
     }
 

@@ -63,6 +63,9 @@ STEP_COLUMNS: dict[str, tuple[str, bool]] = {
     "norm_bytes_per_sample": ("float64", False),
     "activated_bytes_per_sample": ("float64", False),
     "embedding_bytes_per_sample": ("float64", False),
+    # The conv FLOPs at a vector width (optional as well: rows written before them lack them)
+    "conv_flops_simd8_per_sample": ("float64", False),
+    "conv_flops_simd16_per_sample": ("float64", False),
     "threads": ("int64", False),
     "cpu_share": ("float64", False),
     "kind": ("string", True),  # sweep | calibration | run
@@ -111,6 +114,11 @@ TABLES = {"steps": STEP_COLUMNS, "runs": RUN_COLUMNS, "links": LINK_COLUMNS, "co
 LAYER_MIX = ("norm_layers", "merge_layers", "global_pool_layers", "embedding_params", "depth",
              "depthwise_flops_per_sample", "norm_bytes_per_sample", "activated_bytes_per_sample",
              "embedding_bytes_per_sample")
+VECTOR_FLOPS = ("conv_flops_simd8_per_sample", "conv_flops_simd16_per_sample")
+# The optional structural columns, by the tiers the laws use them in (pipelines.estimate.regress):
+# each tier needs the columns of those before it.
+OPTIONAL_TIERS = (LAYER_MIX, VECTOR_FLOPS)
+OPTIONAL = tuple(k for tier in OPTIONAL_TIERS for k in tier)
 POSITIVE = {"step_s", "batch", "params", "input_size", "train_flops_per_sample", "predicted_s", "actual_s",
             "latency_s", "bandwidth_bps", "ranks"}  # fields that must be > 0
 
@@ -162,22 +170,28 @@ def bank_features(features: dict[str, Any]) -> dict[str, Any]:
         "activation_bytes_per_sample": float(features["activation_bytes_per_sample"]),
         # missing from the features of an estimate made before these columns: the row lacks them too
         **{k: None if features.get(k) is None else (float if k.endswith("_per_sample") else int)(features[k])
-           for k in LAYER_MIX},
+           for k in OPTIONAL},
     }
 
 
+def has_columns(row: dict[str, Any], columns: tuple[str, ...]) -> bool:
+    return all(row.get(k) is not None for k in columns)
+
+
 def has_layer_mix(row: dict[str, Any]) -> bool:
-    return all(row.get(k) is not None for k in LAYER_MIX)
+    return has_columns(row, LAYER_MIX)
 
 
 def complete_steps(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """``rows`` with the layer-mix columns (:data:`LAYER_MIX`) filled where a row lacks them
-    (written before they existed) from a newer row of the same model (``model_key``, the same
-    structure); a row with no such twin keeps them missing (pipelines.estimate.regress then
-    decides what it is used for)."""
-    known = {r["model_key"]: r for r in rows if has_layer_mix(r)}
-    return [r if has_layer_mix(r) or r["model_key"] not in known
-            else {**r, **{k: known[r["model_key"]][k] for k in LAYER_MIX}} for r in rows]
+    """``rows`` with the optional columns (:data:`OPTIONAL_TIERS`: the layer mix, the vector-width
+    FLOPs) filled, a tier at a time, where a row lacks them (written before they existed) from a
+    newer row of the same model (``model_key``, the same structure); a row with no such twin keeps
+    them missing (pipelines.estimate.regress then decides what it is used for)."""
+    for tier in OPTIONAL_TIERS:
+        known = {r["model_key"]: r for r in rows if has_columns(r, tier)}
+        rows = [r if has_columns(r, tier) or r["model_key"] not in known
+                else {**r, **{k: known[r["model_key"]][k] for k in tier}} for r in rows]
+    return rows
 
 
 def pool_key(pool: Any, launcher: str) -> str:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import random
 
 from pipelines.spec import load_pool
-from pipelines.stores.profile_bank import LAYER_MIX, ProfileBank, device_key, now
+from pipelines.stores.profile_bank import LAYER_MIX, VECTOR_FLOPS, ProfileBank, device_key, now
 
 BANK_POOL = {
     "device_types": [
@@ -26,7 +26,16 @@ def random_model(i: int, rng: random.Random) -> dict:
          "num_layers": rng.randint(3, 14), "conv_layers": 2, "dense_layers": 2, "conv_filters": 48, "dense_units": 96,
          "input_size": 784, "train_flops_per_sample": conv + dense, "conv_flops_per_sample": conv,
          "dense_flops_per_sample": dense, "activation_bytes_per_sample": rng.uniform(1e3, 4e5)}
-    return {**m, **layer_mix(m, rng)}
+    return {**m, **layer_mix(m, rng), **vector_flops(i, conv)}
+
+
+def vector_flops(i: int, conv: float) -> dict:
+    """The conv FLOPs at each vector width (pipelines.stores.profile_bank.VECTOR_FLOPS) of a
+    synthetic model: its convs' channels rounded up by up to a half at 8 floats, up to twice at 16
+    (drawn from a generator of the model's own, so the other columns stay as they were)."""
+    rng = random.Random(f"vector-{i}")
+    simd8 = conv * rng.uniform(1.0, 1.5)
+    return {"conv_flops_simd8_per_sample": simd8, "conv_flops_simd16_per_sample": simd8 * rng.uniform(1.0, 1.4)}
 
 
 def layer_mix(m: dict, rng: random.Random) -> dict:
@@ -69,7 +78,8 @@ def job_features() -> dict:
     m = random_model(123, random.Random(11))
     return {"layers": {"Conv2D": 2, "Dense": 2}, "conv_filters": [16, 32], "dense_units": [64, 32],
             **{k: m[k] for k in ("params", "num_layers", "input_size", "train_flops_per_sample", "conv_flops_per_sample",
-                                 "dense_flops_per_sample", "activation_bytes_per_sample", *LAYER_MIX)}}
+                                 "dense_flops_per_sample", "activation_bytes_per_sample", *LAYER_MIX,
+                                 *VECTOR_FLOPS)}}
 
 
 def bank_for_pool(tmp_path, launcher="local"):

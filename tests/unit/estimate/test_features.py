@@ -98,3 +98,31 @@ def test_an_embedding_counts_its_table_and_its_looked_up_rows():
     assert f["embedding_bytes_per_sample"] == 4 * 16 * 5  # 16 positions looked up, 5 floats each
     assert f["global_pool_layers"] == 1 and f["conv_flops_per_sample"] == 0
     assert f["params"] == 16 * 8 * 5 + (5 * 6 + 6) + (6 * 10 + 10)
+
+
+def test_conv_flops_at_a_vector_width_round_channels_up_by_hand():
+    """8 and 16 floats: the output channels always, the input channels from 4 up, a depthwise conv's
+    channels; no bias; dense layers not at all."""
+    import tensorflow as tf
+
+    from pipelines.estimate.features import model_features
+
+    model = tf.keras.Sequential([
+        tf.keras.layers.Input(shape=(4, 4, 3)),
+        tf.keras.layers.Conv2D(6, 3, padding="same"),  # 3 input channels: read unblocked
+        tf.keras.layers.Conv2D(20, 1),  # 6 input channels: 8 at 8 floats, 16 at 16
+        tf.keras.layers.DepthwiseConv2D(3, padding="same"),  # 20 channels: 24 and 32
+        tf.keras.layers.Flatten(),
+        tf.keras.layers.Dense(3),
+    ])
+    f = model_features(model)
+    positions = 4 * 4
+    at8 = 2 * positions * 8 * 9 * 3 + 2 * positions * 24 * 1 * 8 + 2 * positions * 24 * 9
+    at16 = 2 * positions * 16 * 9 * 3 + 2 * positions * 32 * 1 * 16 + 2 * positions * 32 * 9
+    assert f["conv_flops_simd8_per_sample"] == 3 * at8
+    assert f["conv_flops_simd16_per_sample"] == 3 * at16
+    # channels already a multiple of the width cost their plain FLOPs (less the bias)
+    wide = model_features(tf.keras.Sequential([tf.keras.layers.Input(shape=(4, 4, 16)), tf.keras.layers.Conv2D(32, 1)]))
+    plain = 2 * positions * 32 * 16
+    assert wide["conv_flops_simd8_per_sample"] == wide["conv_flops_simd16_per_sample"] == 3 * plain
+    assert wide["conv_flops_per_sample"] == 3 * (plain + positions * 32)

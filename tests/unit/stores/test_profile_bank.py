@@ -80,3 +80,16 @@ def test_a_file_written_before_the_layer_mix_loads_and_reads_its_models_newer_tw
             assert {k: r[k] for k in LAYER_MIX} == {k: again[0][k] for k in LAYER_MIX}
         else:
             assert all(r.get(k) is None for k in LAYER_MIX)
+
+
+def test_rows_without_the_vector_flops_read_them_tier_by_tier_from_a_newer_twin():
+    from pipelines.stores.profile_bank import LAYER_MIX, VECTOR_FLOPS, complete_steps
+
+    mixed, bare, new = synthetic_rows("fast", "k", models=3)[::3]  # three models, one row each
+    mixed = {k: v for k, v in mixed.items() if k not in VECTOR_FLOPS}  # written after the layer mix, before these
+    bare = {k: v for k, v in bare.items() if k not in VECTOR_FLOPS + LAYER_MIX}  # before both
+    twin = {**new, "model_key": mixed["model_key"], "conv_flops_simd8_per_sample": 1.0, "conv_flops_simd16_per_sample": 2.0}
+    done = complete_steps([mixed, bare, twin])
+    assert (done[0]["conv_flops_simd8_per_sample"], done[0]["conv_flops_simd16_per_sample"]) == (1.0, 2.0)
+    assert {k: done[0][k] for k in LAYER_MIX} == {k: mixed[k] for k in LAYER_MIX}  # its own layer mix kept
+    assert all(done[1].get(k) is None for k in VECTOR_FLOPS + LAYER_MIX)  # no twin: still missing
