@@ -26,6 +26,12 @@ cgroup CPU quota), into a fresh profile bank:
    family's grids: ``wider_run_errors`` (signed), kept out of the figures above so that those
    stay comparable with earlier measurements.
 
+``--retest`` (on by default) sweeps each device type a second time, into a bank of its own, right
+after the first: ``step_time_retest_mape`` and ``memory_retest_mape`` are the mean
+|second − first| / first of the step time and of the peak memory of the same model at the same
+batch, averaged over the device types.  They are the measurements' own repeatability, the floor
+under any law's held-out error on this machine.
+
 Prints a table and ends with one JSON line.
 """
 
@@ -87,6 +93,20 @@ def law_errors(rows: list[dict]) -> dict:
     }
 
 
+def retest_error(first: list[dict], second: list[dict], target: str = "step_s") -> float | None:
+    """Mean |second − first| / first of ``target`` (the step time, the peak memory) of the same model
+    at the same batch."""
+    before = {(r["model_key"], r["batch"]): r[target] for r in first if r.get(target)}
+    diffs = [abs(r[target] - before[(r["model_key"], r["batch"])]) / before[(r["model_key"], r["batch"])]
+             for r in second if r.get(target) and (r["model_key"], r["batch"]) in before]
+    return statistics.mean(diffs) if diffs else None
+
+
+def mean_or_none(by_device: dict[str, float | None]) -> float | None:
+    values = list(by_device.values())
+    return round(statistics.mean(values), 4) if values and None not in values else None
+
+
 def evaluate(pool: str, work: Path, data: Path, bank_uri: str, i: int, model: str, kwargs: dict, gb: int) -> dict:
     """One evaluation run through the real stages, predicted from the bank as it stands."""
     spec = job_spec(str(data), str(Path(pool).resolve()), work, bank_uri, model, kwargs, global_batch=gb, epochs=2,
@@ -113,6 +133,8 @@ def main() -> int:
     p.add_argument("--references", type=int, default=len(REFERENCE_MODELS),
                    help="how many of the reference models to run (default: all %(default)s)")
     p.add_argument("--pool", default=str(POOL), help="the pool file (default: %(default)s)")
+    p.add_argument("--retest", action=argparse.BooleanOptionalAction, default=True,
+                   help="sweep each device type again to measure the timings' repeatability (default: on)")
     args = p.parse_args()
     work = Path(args.out or tempfile.mkdtemp(prefix="bench-estimator-"))
     bank_uri = str(work / "bank")
@@ -122,6 +144,16 @@ def main() -> int:
     sweep_s = time.time() - started
     rows = [r for r in ProfileBank(bank_uri).steps() if r["kind"] == "sweep"]
     laws = {dev: law_errors([r for r in rows if r["device"] == dev]) for dev in ("fast", "slow")}
+    retest: dict[str, float | None] = {}
+    memory_retest: dict[str, float | None] = {}
+    if args.retest:  # a bank of its own, so that the laws and the runs below see only the first sweep
+        for dev in ("fast", "slow"):
+            profile_device(args.pool, dev, str(work / "retest-bank"), args.size)
+        again = ProfileBank(str(work / "retest-bank")).steps()
+        pairs = {dev: ([r for r in rows if r["device"] == dev], [r for r in again if r["device"] == dev])
+                 for dev in ("fast", "slow")}
+        retest = {dev: retest_error(*pair) for dev, pair in pairs.items()}
+        memory_retest = {dev: retest_error(*pair, target="peak_memory_bytes") for dev, pair in pairs.items()}
     reference = reference_runs(args.pool, bank_uri, work / "reference", models=REFERENCE_MODELS[: args.references])
     data = work / "data"
     generate(str(data), rows_per_day=args.rows_per_day, days=3)
@@ -129,16 +161,20 @@ def main() -> int:
                  for i, run in enumerate(RUNS[: args.runs] + WIDER_RUNS[: args.wider_runs])]
     runs, wider = evaluated[: args.runs], evaluated[args.runs:]
     (work / "bench.json").write_text(json.dumps({"laws": laws, "sweeps": sweeps, "link": link, "reference": reference,
-                                                 "runs": runs, "wider_runs": wider}, indent=1, default=str))
-    print(f"\n{'device':8} {'law':40} {'held-out':>9} {'extrap.':>8} {'memory':>8} {'models':>6}")
+                                                 "runs": runs, "wider_runs": wider, "retest": retest,
+                                                 "memory_retest": memory_retest}, indent=1, default=str))
+    print(f"\n{'device':8} {'law':48} {'held-out':>9} {'extrap.':>8} {'memory':>8} {'retest':>7} {'models':>6}")
     for dev, e in laws.items():
-        print(f"{dev:8} {e['step_law']:40} {100 * e['step_cv_mape']:8.1f}% {100 * (e['extrapolation_mape'] or 0):7.1f}% "
-              f"{100 * (e['memory_cv_mape'] or 0):7.1f}% {e['models']:6d}")
+        again = f"{100 * retest[dev]:6.1f}%" if retest.get(dev) is not None else f"{'-':>7}"
+        print(f"{dev:8} {e['step_law']:48} {100 * e['step_cv_mape']:8.1f}% {100 * (e['extrapolation_mape'] or 0):7.1f}% "
+              f"{100 * (e['memory_cv_mape'] or 0):7.1f}% {again} {e['models']:6d}")
     errors = [abs(r["error"]) for r in runs]
     summary = {
         "step_time_mape_heldout": round(statistics.mean(e["step_cv_mape"] for e in laws.values()), 4),
         "step_time_mape_extrapolation": round(statistics.mean(e["extrapolation_mape"] for e in laws.values()), 4),
         "memory_mape": round(statistics.mean(e["memory_cv_mape"] for e in laws.values()), 4),
+        "step_time_retest_mape": mean_or_none(retest),
+        "memory_retest_mape": mean_or_none(memory_retest),
         "run_time_error_median": round(statistics.median(errors), 4),
         "run_time_error_max": round(max(errors), 4),
         "runs": len(runs),

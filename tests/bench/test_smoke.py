@@ -215,9 +215,10 @@ def test_estimator(tmp_path, full_core_pool):
                      "--rows-per-day", 300, "--pool", full_core_pool, "--out", out)
     has_keys(line, {"step_time_mape_heldout", "step_time_mape_extrapolation", "memory_mape", "run_time_error_median",
                     "run_time_error_max", "run_time_error_first", "reference_run_errors", "wider_run_errors", "runs",
-                    "sweep_size", "sweep_rows", "sweep_seconds", "allreduce_latency_ms", "allreduce_bandwidth_MBps"})
+                    "sweep_size", "sweep_rows", "sweep_seconds", "allreduce_latency_ms", "allreduce_bandwidth_MBps",
+                    "step_time_retest_mape", "memory_retest_mape"})
     for key in ("step_time_mape_heldout", "step_time_mape_extrapolation", "memory_mape", "run_time_error_median",
-                "run_time_error_max", "run_time_error_first"):
+                "run_time_error_max", "run_time_error_first", "step_time_retest_mape", "memory_retest_mape"):
         assert number(line[key], 0, 100), (key, line[key])
     assert line["run_time_error_median"] <= line["run_time_error_max"]
     assert line["runs"] == 1 and line["sweep_size"] == "tiny" and line["sweep_rows"] > 0
