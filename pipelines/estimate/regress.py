@@ -20,10 +20,12 @@ are two tiers (:data:`pipelines.stores.profile_bank.OPTIONAL_TIERS`): the layer 
 of normalisation layers, of layers with a fused activation and of embedding lookups), then the
 conv FLOPs at a vector width (:mod:`pipelines.estimate.features`).  For the richest tier first: a
 device type whose rows all have its columns and those of the tiers before gets every candidate
-that uses them; one with rows of at least :data:`MIN_MIX_MODELS` models that have them fits on
-those alone (its older rows still correct their own model's prediction,
-:mod:`pipelines.estimate.predict`); otherwise the next tier down is tried, and at the bottom the
-older candidates fit every row until the device type is profiled again.
+that uses them; one with rows of at least :data:`MIN_MIX_MODELS` models that have them, and at
+least half of its models, fits on those alone (its older rows still correct their own model's
+prediction, :mod:`pipelines.estimate.predict`); otherwise the next tier down is tried, and at the
+bottom the older candidates fit every row until the device type is profiled again.  The half
+keeps a bank swept before a tier existed on its sweep: the few models that the runs since have
+recorded with the tier's columns are not enough to replace it (a new sweep is).
 """
 
 from __future__ import annotations
@@ -213,7 +215,8 @@ def law_rows(rows: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], tuple[st
     for depth in range(len(OPTIONAL_TIERS), 0, -1):
         columns = tuple(k for tier in OPTIONAL_TIERS[:depth] for k in tier)
         have = [r for r in rows if has_columns(r, columns)]
-        if len(have) == len(rows) or len({r["model_key"] for r in have}) >= MIN_MIX_MODELS:
+        models = len({r["model_key"] for r in have})
+        if len(have) == len(rows) or models >= max(MIN_MIX_MODELS, len({r["model_key"] for r in rows}) / 2):
             return have, columns
     return rows, ()
 

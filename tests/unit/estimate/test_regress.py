@@ -97,8 +97,12 @@ def test_rows_with_the_layer_mix_but_not_the_vector_flops_keep_the_layer_mix_law
     fit = fit_device(older)
     simd = {n for n in STEP_LAWS if "simd" in n}
     assert set(fit["step"].candidates) == set(STEP_LAWS) - simd and fit["step"].models == 8
-    new = [{**r, "model_key": f"new-{r['model_key']}"} for r in synthetic_rows("fast", "k", models=MIN_MIX_MODELS, seed=2)]
-    fit = fit_device(older + new)  # enough models with them: those rows alone, every law
-    assert set(fit["step"].candidates) == set(STEP_LAWS) and fit["step"].models == MIN_MIX_MODELS
-    fit = fit_device(older + new[:3 * (MIN_MIX_MODELS - 1)])  # too few: every row, the layer-mix laws
+    new = [{**r, "model_key": f"new-{r['model_key']}"} for r in synthetic_rows("fast", "k", models=8, seed=2)]
+    fit = fit_device(older + new)  # enough models with them (5 and half): those rows alone, every law
+    assert set(fit["step"].candidates) == set(STEP_LAWS) and fit["step"].models == 8
+    fit = fit_device(older + new[:3 * (MIN_MIX_MODELS - 1)])  # under 5: every row, the layer-mix laws
     assert set(fit["step"].candidates) == set(STEP_LAWS) - simd and fit["step"].models == 8 + MIN_MIX_MODELS - 1
+    # 6 models of 20 (say, runs recorded since on a bank swept before): not half, the sweep stays
+    wide = [{k: v for k, v in r.items() if k not in VECTOR_FLOPS} for r in synthetic_rows("fast", "k", models=14)]
+    fit = fit_device(wide + new[:3 * 6])
+    assert set(fit["step"].candidates) == set(STEP_LAWS) - simd and fit["step"].models == 20
