@@ -41,6 +41,7 @@ from typing import Any
 BYTES_PER_FLOAT = 4
 TRAIN_FLOPS_FACTOR = 3.0
 CONV_KINDS = {"Conv1D", "Conv2D", "Conv3D", "DepthwiseConv2D"}
+BLOCKED_CONV_KINDS = {"Conv2D", "DepthwiseConv2D"}  # counted by conv_macs, at any vector width
 NORM_KINDS = {"BatchNormalization", "LayerNormalization", "GroupNormalization", "UnitNormalization"}
 MERGE_KINDS = {"Add", "Subtract", "Multiply", "Average", "Maximum", "Minimum", "Concatenate"}
 
@@ -71,14 +72,8 @@ def layer_flops(layer: Any) -> int:
     use_bias = bool(getattr(layer, "use_bias", False))
     if kind in {"InputLayer"}:
         return 0
-    if kind == "Conv2D":
-        kh, kw = layer.kernel_size
-        cin = int(layer.input_shape[-1])
-        groups = int(getattr(layer, "groups", 1) or 1)
-        return 2 * out_elems * kh * kw * (cin // groups) + (out_elems if use_bias else 0)
-    if kind == "DepthwiseConv2D":
-        kh, kw = layer.kernel_size
-        return 2 * out_elems * kh * kw + (out_elems if use_bias else 0)
+    if kind in BLOCKED_CONV_KINDS:
+        return 2 * conv_macs(layer) + (out_elems if use_bias else 0)
     if kind == "Conv1D":
         (k,) = layer.kernel_size
         cin = int(layer.input_shape[-1])
@@ -99,24 +94,24 @@ def _rounded(channels: int, width: int) -> int:
     return -(-channels // width) * width
 
 
+def conv_macs(layer: Any, width: int = 1) -> int:
+    """Multiply-adds per sample of a ``Conv2D`` or ``DepthwiseConv2D``, with its channels rounded
+    up to ``width`` (see the module docstring; 1: as they are)."""
+    kh, kw = layer.kernel_size
+    cout = int(layer.output_shape[-1])
+    positions = _size(layer.output_shape) // cout
+    if layer.__class__.__name__ == "DepthwiseConv2D":  # each output channel reads its own input channel
+        return positions * _rounded(cout, width) * kh * kw
+    per_group = int(layer.input_shape[-1]) // int(getattr(layer, "groups", 1) or 1)
+    fan_in = per_group if per_group < UNBLOCKED_INPUT_CHANNELS else _rounded(per_group, width)
+    return positions * _rounded(cout, width) * kh * kw * fan_in
+
+
 def vector_conv_flops(layer: Any, width: int) -> int:
     """Forward FLOPs per sample of a ``Conv2D`` or ``DepthwiseConv2D`` with its channels rounded up
-    to ``width`` (see the module docstring); 0 for any other layer.  The bias is left out: it is
-    elementwise, not blocked arithmetic."""
-    kind = layer.__class__.__name__
-    if kind not in {"Conv2D", "DepthwiseConv2D"}:
-        return 0
-    kh, kw = layer.kernel_size
-    cin = int(layer.input_shape[-1])
-    if kind == "DepthwiseConv2D":
-        positions = _size(layer.output_shape) // int(layer.output_shape[-1])
-        return 2 * positions * _rounded(int(layer.output_shape[-1]), width) * kh * kw
-    cout = int(layer.filters)
-    positions = _size(layer.output_shape) // cout
-    groups = int(getattr(layer, "groups", 1) or 1)
-    per_group = cin // groups
-    fan_in = per_group if per_group < UNBLOCKED_INPUT_CHANNELS else _rounded(per_group, width)
-    return 2 * positions * _rounded(cout, width) * kh * kw * fan_in
+    to ``width``; 0 for any other layer.  The bias is left out: it is elementwise, not blocked
+    arithmetic."""
+    return 2 * conv_macs(layer, width) if layer.__class__.__name__ in BLOCKED_CONV_KINDS else 0
 
 
 def _activated(layer: Any) -> bool:

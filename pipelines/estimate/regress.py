@@ -89,7 +89,7 @@ TRACE_LAWS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "layers+params": (("num_layers", "params"), ()),
 }
 FOLDS = 5
-MIN_MIX_MODELS = 5  # models with the layer mix that a device type's laws need to leave its older rows out
+MIN_MIX_MODELS = 5  # models with a tier's optional columns that a device type's laws need to leave its older rows out
 
 
 @dataclass
@@ -212,11 +212,11 @@ def law_rows(rows: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], tuple[st
     """The rows one device type's laws fit, and the optional columns its candidates may use (see
     the module docstring)."""
     rows = complete_steps(rows)
+    enough = max(MIN_MIX_MODELS, len({r["model_key"] for r in rows}) / 2)
     for depth in range(len(OPTIONAL_TIERS), 0, -1):
         columns = tuple(k for tier in OPTIONAL_TIERS[:depth] for k in tier)
         have = [r for r in rows if has_columns(r, columns)]
-        models = len({r["model_key"] for r in have})
-        if len(have) == len(rows) or models >= max(MIN_MIX_MODELS, len({r["model_key"] for r in rows}) / 2):
+        if len(have) == len(rows) or len({r["model_key"] for r in have}) >= enough:
             return have, columns
     return rows, ()
 

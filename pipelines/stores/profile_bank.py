@@ -178,10 +178,6 @@ def has_columns(row: dict[str, Any], columns: tuple[str, ...]) -> bool:
     return all(row.get(k) is not None for k in columns)
 
 
-def has_layer_mix(row: dict[str, Any]) -> bool:
-    return has_columns(row, LAYER_MIX)
-
-
 def complete_steps(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """``rows`` with the optional columns (:data:`OPTIONAL_TIERS`: the layer mix, the vector-width
     FLOPs) filled, a tier at a time, where a row lacks them (written before they existed) from a
