@@ -114,20 +114,29 @@ def test_pipeline_runs_end_to_end(local_run):
     assert json.loads((run / "pool.json").read_text()) == yaml.safe_load((ROOT / "examples" / "pool-local.yaml").read_text())
 
 
-def test_the_pipeline_trains_with_a_parameter_server(airflow_env, tiny_dataset, tmp_path):
+def test_the_pipeline_trains_with_a_parameter_server(airflow_env, tiny_dataset, local_run, tmp_path):
     """``training.strategy: parameter_server``: the same DAG, the train task runs a chief, a worker
-    per plan rank and a parameter server; publish and analyze take its model and summary."""
+    per plan rank and a parameter server; publish and analyze take its model and summary.
+
+    It predicts from the profile bank the local run filled (the same model on the same pool), as a
+    deployment's later runs do: the first run's calibration is that test's to check, and timing
+    the devices again here would only add half a minute of CPU to the suite."""
     artifacts = tmp_path / "artifacts"
+    bank = local_run[0] / "_profiles"
+    assert (bank / "steps").is_dir(), f"the local run left no profile bank in {bank}"
     # staleness_aware: with plain updates at momentum 0.9, about one run in four of this tiny job
     # (some 40 updates) was thrown off by a late update and ended near chance (measured 0.14 in CI)
     training = {**TRAINING, "strategy": "parameter_server", "update_mode": "async", "learning_rate": 0.05,
                 "combiner": "staleness_aware"}
-    proc = dags_test(airflow_env, {"dataset": {"uri": str(tiny_dataset)}, "training": training, "artifact_root": str(artifacts)})
+    proc = dags_test(airflow_env, {"dataset": {"uri": str(tiny_dataset)}, "training": training, "artifact_root": str(artifacts),
+                                   "estimate": {"profile_bank": str(bank)}})
     log = proc.stdout + proc.stderr
     assert succeeded(log), log[-5000:]
     (run,) = [p for p in (artifacts / "train_pipeline").iterdir() if p.is_dir()]
     plan = json.loads((run / "estimate" / "plan.json").read_text())
     assert plan["strategy"] == "parameter_server"
+    estimate = json.loads((run / "estimate" / "result.json").read_text())
+    assert estimate["profile_bank"] == str(bank) and estimate["calibrated"] == [], estimate["calibrated"]
     train = json.loads((run / "train" / "result.json").read_text())
     assert train["strategy"] == "parameter_server"
     workers = train["parameter_server"]["workers"]
