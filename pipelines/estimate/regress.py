@@ -20,7 +20,7 @@ are two tiers (:data:`pipelines.stores.profile_bank.OPTIONAL_TIERS`): the layer 
 of normalisation layers, of layers with a fused activation and of embedding lookups), then the
 conv FLOPs at a vector width (:mod:`pipelines.estimate.features`).  For the richest tier first: a
 device type whose rows all have its columns and those of the tiers before gets every candidate
-that uses them; one with rows of at least :data:`MIN_MIX_MODELS` models that have them, and at
+that uses them; one with rows of at least :data:`MIN_TIER_MODELS` models that have them, and at
 least half of its models, fits on those alone (its older rows still correct their own model's
 prediction, :mod:`pipelines.estimate.predict`); otherwise the next tier down is tried, and at the
 bottom the older candidates fit every row until the device type is profiled again.  The half
@@ -89,7 +89,7 @@ TRACE_LAWS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "layers+params": (("num_layers", "params"), ()),
 }
 FOLDS = 5
-MIN_MIX_MODELS = 5  # models with a tier's optional columns that a device type's laws need to leave its older rows out
+MIN_TIER_MODELS = 5  # models with a tier's optional columns that a device type's laws need to leave its older rows out
 
 
 @dataclass
@@ -212,7 +212,7 @@ def law_rows(rows: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], tuple[st
     """The rows one device type's laws fit, and the optional columns its candidates may use (see
     the module docstring)."""
     rows = complete_steps(rows)
-    enough = max(MIN_MIX_MODELS, len({r["model_key"] for r in rows}) / 2)
+    enough = max(MIN_TIER_MODELS, len({r["model_key"] for r in rows}) / 2)
     for depth in range(len(OPTIONAL_TIERS), 0, -1):
         columns = tuple(k for tier in OPTIONAL_TIERS[:depth] for k in tier)
         have = [r for r in rows if has_columns(r, columns)]

@@ -7,7 +7,7 @@ import random
 import pytest
 
 from estimate.banks import random_model, synthetic_rows, true_memory, true_step
-from pipelines.estimate.regress import MIN_MIX_MODELS, STEP_LAWS, fit_bank, fit_device, select, without_mix
+from pipelines.estimate.regress import MIN_TIER_MODELS, STEP_LAWS, fit_bank, fit_device, select, without_mix
 from pipelines.stores.profile_bank import LAYER_MIX, BankError, ProfileBank
 
 pytestmark = pytest.mark.trainer
@@ -63,13 +63,13 @@ def test_rows_without_the_layer_mix_keep_the_older_laws_until_enough_models_have
     old = [{k: v for k, v in r.items() if k not in LAYER_MIX} for r in synthetic_rows("fast", "k", models=8)]
     fit = fit_device(old)  # a bank written before the layer mix: as before
     assert set(fit["step"].candidates) == set(without_mix(STEP_LAWS)) and fit["step"].models == 8
-    new = synthetic_rows("fast", "k", models=MIN_MIX_MODELS + 4, seed=1)
+    new = synthetic_rows("fast", "k", models=MIN_TIER_MODELS + 4, seed=1)
     new = [{**r, "model_key": f"new-{r['model_key']}"} for r in new]
-    few = [r for r in new if int(r["model_key"].removeprefix("new-key")) < MIN_MIX_MODELS - 1]
+    few = [r for r in new if int(r["model_key"].removeprefix("new-key")) < MIN_TIER_MODELS - 1]
     fit = fit_device(old + few)  # too few models with it: every row, the older laws
-    assert set(fit["step"].candidates) == set(without_mix(STEP_LAWS)) and fit["step"].models == 8 + MIN_MIX_MODELS - 1
+    assert set(fit["step"].candidates) == set(without_mix(STEP_LAWS)) and fit["step"].models == 8 + MIN_TIER_MODELS - 1
     fit = fit_device(old + new)  # enough: those rows alone, every law
-    assert set(fit["step"].candidates) == set(STEP_LAWS) and fit["step"].models == MIN_MIX_MODELS + 4
+    assert set(fit["step"].candidates) == set(STEP_LAWS) and fit["step"].models == MIN_TIER_MODELS + 4
     # an old row of a model measured again since reads the layer mix of its newer twin
     twin = {k: v for k, v in new[0].items() if k not in LAYER_MIX}
     fit = fit_device([twin, *old[:3], *new])
@@ -100,8 +100,8 @@ def test_rows_with_the_layer_mix_but_not_the_vector_flops_keep_the_layer_mix_law
     new = [{**r, "model_key": f"new-{r['model_key']}"} for r in synthetic_rows("fast", "k", models=8, seed=2)]
     fit = fit_device(older + new)  # enough models with them (5 and half): those rows alone, every law
     assert set(fit["step"].candidates) == set(STEP_LAWS) and fit["step"].models == 8
-    fit = fit_device(older + new[:3 * (MIN_MIX_MODELS - 1)])  # under 5: every row, the layer-mix laws
-    assert set(fit["step"].candidates) == set(STEP_LAWS) - simd and fit["step"].models == 8 + MIN_MIX_MODELS - 1
+    fit = fit_device(older + new[:3 * (MIN_TIER_MODELS - 1)])  # under 5: every row, the layer-mix laws
+    assert set(fit["step"].candidates) == set(STEP_LAWS) - simd and fit["step"].models == 8 + MIN_TIER_MODELS - 1
     # 6 models of 20 (say, runs recorded since on a bank swept before): not half, the sweep stays
     wide = [{k: v for k, v in r.items() if k not in VECTOR_FLOPS} for r in synthetic_rows("fast", "k", models=14)]
     fit = fit_device(wide + new[:3 * 6])
