@@ -179,7 +179,12 @@ class RankInput:
                 tf.TensorSpec(shape=(None,), dtype=tf.int32),
             ),
         ).prefetch(depth)
-        self._it = iter(dataset)
+        # No autotuning: the pipeline has nothing to tune (a generator and a fixed prefetch depth),
+        # and tf.data's autotuning thread sleeps in its optimisation loop, which destroying the
+        # iterator waits out: a rank's exit took up to 12 s after its last line with it on.
+        options = tf.data.Options()
+        options.autotune.enabled = False
+        self._it = iter(dataset.with_options(options))
 
     def _batches(self):
         while True:

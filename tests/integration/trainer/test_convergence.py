@@ -5,6 +5,7 @@ accuracy of a balanced fast+slow job matches one process with the same B, epochs
 from __future__ import annotations
 
 import json
+import time
 
 import numpy as np
 import pytest
@@ -34,12 +35,31 @@ def holdout_accuracy(run) -> float:
     return float(np.mean(logits.argmax(-1) == y))
 
 
+class TimedLines:
+    """The launcher's output, each line with the time it arrived."""
+
+    def __init__(self):
+        self.lines: list[tuple[float, str]] = []
+
+    def write(self, text: str) -> None:
+        self.lines.extend((time.monotonic(), line) for line in text.splitlines())
+
+    def flush(self) -> None:
+        pass
+
+
 def train(run, profiles) -> tuple[float, dict, bool]:
-    """Held-out accuracy, summary, and whether the launcher enforced the profiles' CPU quotas."""
-    result = launch_ranks(run, profiles)
+    """Held-out accuracy, summary, and whether the launcher enforced the profiles' CPU quotas;
+    the job's seconds from the ranks' last line to the launcher's return go to EXIT_SECONDS."""
+    output = TimedLines()
+    result = launch_ranks(run, profiles, output=output)
+    EXIT_SECONDS.append(time.monotonic() - max(t for t, line in output.lines if line.startswith("[rank ")))
     assert result.returncode == 0, result.message
     summary = json.loads((run / "train" / "summary.json").read_text())
     return holdout_accuracy(run), summary, result.quota_enforced
+
+
+EXIT_SECONDS: list[float] = []
 
 
 @pytest.fixture(scope="module")
@@ -78,3 +98,10 @@ def test_slow_rank_keeps_the_smaller_batch(runs):
         assert h["batches"][0] >= 1.5 * h["batches"][1], [
             (e["step"], e["new"]) for e in s2["rebalance_events"]
         ]
+
+
+def test_the_ranks_exit_promptly_after_their_last_line(runs):
+    """A rank's process ends within seconds of its result line (TensorFlow's teardown): with
+    tf.data's autotuning on, destroying the input pipeline's iterator at exit waited out the
+    autotuning thread's sleep, 10 to 12 s more per training here."""
+    assert len(EXIT_SECONDS) == 2 and max(EXIT_SECONDS) < 6.0, EXIT_SECONDS
