@@ -218,19 +218,11 @@ def generate(out: Path, days: list[str], rows_per_day: int = 400) -> Path:
     return out
 
 
-# What the machine, not the deployment under test, decides: where the ranks' CPU groups go.
-HOST_KEYS = ("HETERO_CGROUP_PARENT", "HETERO_CGROUP_ROOT")
-
-
 def deployment_env(home: Path, port: int, database: str, job_defaults: Path | None = None) -> dict[str, str]:
     """The environment of every component: ``test_dag_e2e``'s plus what a running deployment needs,
     the metadata database ``database`` (a SQLAlchemy URL) first, and the deployment's job defaults
     file ``job_defaults`` (``HETERO_JOB_DEFAULTS``)."""
-    # The machine's cgroup settings stay (HOST_KEYS): make test runs this stream below a low-weight
-    # group, and the ranks of the deployment's runs must stay there too, not compete at full weight
-    # with the timing tests beside it (a full-weight rank once made the probe's unthrottled rank the
-    # slower one).
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("AIRFLOW__", "HETERO_")) or k in HOST_KEYS}
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("AIRFLOW__", "HETERO_"))}
     base = f"http://127.0.0.1:{port}"
     env.update({
         "AIRFLOW_HOME": str(home),
