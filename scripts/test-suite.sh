@@ -17,7 +17,9 @@
 #      and phase 1 runs in a group of the least CPU weight (HETERO_CGROUP_PARENT puts its ranks'
 #      quota groups there too): the kernel gives the timing tests the CPU whenever they want it, as
 #      if they ran alone, and phase 1 takes what they leave (they leave half of it: they wait on
-#      quota-limited ranks and pods).  Elsewhere they run after phase 1, alone.
+#      quota-limited ranks and pods).  The timing tests' own ranks go in a group of the most
+#      weight, so that a rank phase 1 starts at the default weight cannot slow them either.
+#      Elsewhere they run after phase 1, alone.
 #
 # Every part runs even when an earlier one fails, so one CI log shows every failure; the exit status
 # is the first failing part's.  TRAINER_TESTS, AIRFLOW_TESTS and PYTEST_OPTS narrow a run as for
@@ -73,6 +75,12 @@ background_group() {  # a cpu cgroup of the least weight for phase 1, or nothing
     [[ $version == 1 ]] || echo +cpu > "$group/cgroup.subtree_control"
     mkdir -p "$group/suites" "$group/ranks"
   } 2>/dev/null || { rmdir "$group/suites" "$group/ranks" "$group" 2>/dev/null; return 1; }
+  # Beside it, a group of the most weight for the timing tests' ranks (timing): a rank that a
+  # suite of phase 1 places at the default weight (the real deployment's components start their
+  # runs with an environment of their own) must not take a measured rank's CPU.  Without it the
+  # timing tests' ranks only have the default weight.
+  { mkdir -p "$group-timing" && if [[ $version == 1 ]]; then echo 262144 > "$group-timing/cpu.shares"
+    else echo 10000 > "$group-timing/cpu.weight"; fi; } 2>/dev/null || rmdir "$group-timing" 2>/dev/null
   echo "$group"
 }
 record() {  # record NAME COMMAND...: one concurrent part, its lines prefixed, its end time and code kept
@@ -93,6 +101,8 @@ side() {  # side NAME VENV TESTS...: one suite of phase 1
   record "$name" pytest_in "$venv" "not timing" "$@"
 }
 timing() {  # the timing tests of both suites, one after the other
+  # their ranks in the group of the most weight, where there is one (background_group)
+  [[ -z $bg || ! -d $bg-timing ]] || export HETERO_CGROUP_PARENT=${bg##*/}-timing
   # shellcheck disable=SC2086
   record timing-trainer pytest_timing .venv-trainer $TRAINER_TESTS
   # shellcheck disable=SC2086
@@ -177,6 +187,7 @@ else
   timing
 fi
 [[ -z $bg ]] || rmdir "$bg/suites" "$bg/ranks" "$bg" 2>/dev/null || echo "(cgroup $bg left: a process of the suites lives on)"
+[[ -z $bg || ! -d $bg-timing ]] || rmdir "$bg-timing" 2>/dev/null || echo "(cgroup $bg-timing left: a rank of the timing tests lives on)"
 for name in "${streams[@]}" timing-trainer timing-airflow; do
   read -r took code < "$ends/$name" || { took=0 code=1; }
   case $name in
