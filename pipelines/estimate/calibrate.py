@@ -213,7 +213,8 @@ def run_placed(cmd: list[str], env: dict[str, str], device: Any, limiter: Any, t
                what: str) -> tuple[str, int, bool]:
     """Run ``cmd`` placed in ``device``'s cores and quota right after it starts (TensorFlow's import
     takes seconds, so the measurement always runs limited).  Returns its output, exit code and
-    whether the quota was enforced; a StageError naming ``what`` when it runs past ``timeout_s``."""
+    whether the quota was enforced; a StageFailure naming ``what`` when it runs past ``timeout_s``
+    (retried: a busy machine, not the input, makes a time limit run out)."""
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     enforced = limiter.limit(proc.pid, device.name, device.local.cpu_share, device.local.cpus,
                              period_us=int(device.local.cpu_period_ms * 1000))
@@ -222,7 +223,7 @@ def run_placed(cmd: list[str], env: dict[str, str], device: Any, limiter: Any, t
     except subprocess.TimeoutExpired:
         proc.kill()
         proc.communicate()
-        raise StageError(f"{what} took longer than {timeout_s:.0f} s") from None
+        raise StageFailure(f"{what} took longer than {timeout_s:.0f} s") from None
     return output, proc.returncode, bool(enforced)
 
 

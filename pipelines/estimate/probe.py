@@ -29,8 +29,8 @@ from typing import Any
 
 from pipelines.core.plan import PROBE_RANKS, probe_plan
 from pipelines.core.stages import last_json_object
-from pipelines.errors import StageError, exit_codes
-from pipelines.launch.local import launch, profiles_from_pool
+from pipelines.errors import StageError, StageFailure, exit_codes
+from pipelines.launch.local import launch, profiles_from_pool, raise_for_ranks
 from pipelines.spec import PoolSpec, load_pool
 from pipelines.stores.profile_bank import ProfileBank, now, pool_key
 from pipelines.sync.horovod_job import horovod_job, print_result, start_rank
@@ -284,8 +284,10 @@ def probe_pool(pool_source: str, bank_uri: str, timeout_s: float = 300.0) -> dic
                     timeout_s=timeout_s, output=out)
     lines = [line.split("] ", 1)[-1] for line in out.getvalue().splitlines() if line.startswith("[rank 0]")]
     measured = last_json_object(lines)
-    if result.returncode != 0 or measured is None:
-        raise StageError(f"the allreduce probe failed: {result.message or out.getvalue()[-500:]}")
+    if result.returncode != 0:
+        raise_for_ranks("the allreduce probe", result)  # a bad input exits 2; a time limit or a crash is retried
+    if measured is None:
+        raise StageFailure(f"the allreduce probe printed no result: {out.getvalue()[-500:]}")
     row = link_row(pool, "local", measured, f"probe {now()}")
     ProfileBank(bank_uri).append("links", [row])
     return {**row, "sizes": measured["sizes"], "seconds": measured["seconds"], "bank": bank_uri,

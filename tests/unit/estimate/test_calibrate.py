@@ -9,7 +9,7 @@ from estimate.pools import (
     LOCAL_POOL,
     pool,
 )
-from pipelines.errors import StageError
+from pipelines.errors import StageError, StageFailure
 from pipelines.estimate.calibrate import fit_step_time, max_batch
 
 pytestmark = pytest.mark.trainer
@@ -94,9 +94,9 @@ def test_run_calibration_returns_the_childs_profile_and_whether_the_quota_held(t
 
 def test_run_calibration_failures_name_the_device_and_show_the_output(tmp_path):
     fails = "import sys; print('\\n'.join(f'line {i}' for i in range(9))); sys.exit(3)"
-    with pytest.raises(StageError, match=r"'slow' failed \(exit 3\): line 4\nline 5\nline 6\nline 7\nline 8$"):
+    with pytest.raises(StageFailure, match=r"'slow' failed \(exit 3\): line 4\nline 5\nline 6\nline 7\nline 8$"):
         _calibrate_with(tmp_path, fails)
-    with pytest.raises(StageError, match=r"'slow' failed \(exit 0\): no profile"):
+    with pytest.raises(StageFailure, match=r"'slow' failed \(exit 0\): no profile"):
         _calibrate_with(tmp_path, "print('no profile')")  # exits 0 without writing one
-    with pytest.raises(StageError, match=r"'slow' took longer than 1 s"):
+    with pytest.raises(StageFailure, match=r"'slow' took longer than 1 s"):  # retried: exit 3
         _calibrate_with(tmp_path, "import time; time.sleep(30)", timeout_s=1.0)

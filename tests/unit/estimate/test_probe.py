@@ -33,3 +33,19 @@ def test_steady_rate_of_a_call_longer_than_the_window_is_that_calls(clock):
     clock.step = 2.0
     assert probe.steady_rate(clock.call, window_s=0.6) == pytest.approx(0.5)
     assert clock.calls == 2
+
+
+def test_a_probe_past_its_time_limit_fails_the_stage_for_a_retry(tmp_path):
+    """A busy machine, not the input, makes the probe run out of time: StageFailure (exit 3, which
+    Airflow retries), not a bad input's exit 2; and nothing is stored."""
+    from pathlib import Path
+
+    from pipelines.errors import EXIT_FAILED, StageFailure
+    from pipelines.stores.profile_bank import ProfileBank
+
+    pool = Path(__file__).resolve().parents[3] / "examples" / "pool-local.yaml"
+    bank = tmp_path / "bank"
+    with pytest.raises(StageFailure, match=r"the allreduce probe: job exceeded its 1s time limit") as failed:
+        probe.probe_pool(str(pool), str(bank), timeout_s=1.0)  # the ranks are still importing TensorFlow
+    assert failed.value.exit_code == EXIT_FAILED
+    assert ProfileBank(str(bank)).read("links") == []
