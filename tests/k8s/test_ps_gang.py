@@ -18,7 +18,7 @@ from test_job_operator import on_fake
 from hetero.gang_operators import ParameterServerJobOperator
 from hetero.kube.errors import GangError, ParameterServerFailed, RankPodFailed, error_event, error_from_event
 from hetero.kube.gang_kinds import PARAMETER_SERVER, kind_named
-from hetero.kube.gang_manager import GangManager
+from hetero.kube.gang_manager import SERVER_GRACE_S, GangManager
 from hetero.runners.gang_runner import GangRunner
 from hetero.triggers import GangTrigger
 
@@ -149,6 +149,22 @@ def test_a_failed_chief_fails_the_job_with_its_exit_code(ps_doc, mixed_plan):
         make_operator(ps_doc, mixed_plan, fake).execute(make_context())
     assert (info.value.rank, info.value.exit_code) == (CHIEF, 3) and not isinstance(info.value, ParameterServerFailed)
     assert "the chief (pod " in str(info.value) and "UnavailableError" in str(info.value)
+    # no server failed: the chief's failure is raised once the servers' grace ran out, not before
+    assert 1 + SERVER_GRACE_S <= fake.now <= 3 + SERVER_GRACE_S
+    assert_all_gone(fake)
+
+
+def test_a_chief_that_lost_its_server_before_the_server_shows_failed_names_the_server(ps_doc, mixed_plan):
+    """A killed server's chief exits 3 within a second, while the server pod's status shows
+    ``Failed`` only at the kubelet's next update: the job still fails naming the server."""
+    fake = chief_fake([running(), terminated(3)], p5=[running(), running(), running(), running(), terminated(137)])
+    fake.logs[PS_1] = ["ps-1 serving", "Killed"]
+    op = make_operator(ps_doc, mixed_plan, fake)
+    with pytest.raises(ParameterServerFailed) as info:
+        op.execute(make_context())
+    assert (info.value.rank, info.value.exit_code) == (PS_1, 137)
+    assert "the retry resumes from the last checkpoint" in str(info.value)
+    assert fake.now == 4  # as soon as the server's failure showed
     assert_all_gone(fake)
 
 

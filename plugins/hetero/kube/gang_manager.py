@@ -62,14 +62,13 @@ KEPT_LABEL = "hetero_kept"  # failed pods kept for inspection; never re-attached
 RESUMES = "; the retry resumes from the last checkpoint"
 LOST_TAIL_LINES = 5  # a lost worker's last lines in the task log
 ROLES = {"chief": "the chief", "worker": "worker {}", "ps": "parameter server ps-{}"}  # task_type label -> name
+SERVER_GRACE_S = 15.0  # how long a chief's failure waits for a server's to show (_server_may_explain)
 
 
 @dataclasses.dataclass
 class GangWatch:
-    """What one wait remembers between polls: when it began, the pods' names by rank, when each
-    pending pod was first seen scheduled, whether "all running" was logged, each pod's labels as
-    first seen (a pod that disappears is still known by them), and the pods the job goes on
-    without (a parameter-server job's lost workers: rank -> what happened)."""
+    """What one wait remembers between polls: its start, the pods' names, labels (a pod that disappears
+    is still known by them) and first scheduled times by rank, and what it decided."""
 
     start: float
     want: dict[int, str]
@@ -77,6 +76,7 @@ class GangWatch:
     all_running: bool = False
     labels: dict[int, dict[str, str]] = dataclasses.field(default_factory=dict)
     lost: dict[int, str] = dataclasses.field(default_factory=dict)
+    chief_failed_at: float | None = None  # when a chief's failure that a server may explain was first seen
 
 
 class GangManager:
@@ -179,9 +179,8 @@ class GangManager:
                 continue
             try:
                 self.client.create_namespaced_pod(self.namespace, pod)
-                self.log.info(
-                    "Created pod %s (rank %s, %s)", pod.metadata.name, rank(pod), pod.metadata.labels.get("device_type")
-                )
+                device = pod.metadata.labels.get("device_type")
+                self.log.info("Created pod %s (rank %s, %s)", pod.metadata.name, rank(pod), device)
             except ApiException as e:
                 if status_code(e) != 409:
                     raise
@@ -318,9 +317,8 @@ class GangManager:
                 raise GangError(f"{what}; the job cannot continue")
 
     def _check_failed(self, pods: dict[int, k8s_models.V1Pod], watch: GangWatch) -> dict[int, k8s_models.V1Pod]:
-        """Raise for the failure that ends the gang (the first to fail, where every pod must
-        succeed); where the lead decides, log each newly failed worker instead.  The pods still in
-        the job."""
+        """Raise for the failure that ends the gang (the first to fail, where every pod must succeed);
+        where the lead decides, log each newly failed worker instead.  The pods still in the job."""
         if not self.kind.lead_decides:
             failures = self._failures(pods)
             if failures:
@@ -336,12 +334,23 @@ class GangManager:
                 code, reason = getattr(term, "exit_code", None), getattr(term, "reason", None) or "Error"
                 tail = self.logs.tail(pod, term)[-LOST_TAIL_LINES:]
                 self._lose(watch, r, f"{self._describe(r, pod)} failed with exit code {code} ({reason})", tail)
-        if fatal:
+        if fatal and not self._server_may_explain(fatal, pods, watch):
             raise self._fatal(fatal)
         workers = [r for r, labels in watch.labels.items() if labels.get("task_type") == "worker"]
         if workers and set(workers) <= set(watch.lost):
             raise GangError(f"every worker was lost ({'; '.join(watch.lost.values())}): nothing can train{RESUMES}")
         return {r: p for r, p in pods.items() if r not in watch.lost}
+
+    def _server_may_explain(self, fatal: list, pods: dict[int, k8s_models.V1Pod], watch: GangWatch) -> bool:
+        """Whether to wait (SERVER_GRACE_S) before failing on the chief alone, failed as a rank whose peer died
+        does while servers run: a killed server's pod can show ``Failed`` a kubelet update after its chief."""
+        servers = [p for p in pods.values() if p.metadata.labels.get("task_type") == "ps"]
+        if len(fatal) != 1 or fatal[0][0] != 0 or blame(fatal[0][2]) != 2 or not servers:
+            return False
+        if watch.chief_failed_at is None:  # the first poll that saw it
+            watch.chief_failed_at = self.clock()
+            self.log.info("The chief failed; waiting up to %.0f s for a server's failure to show", SERVER_GRACE_S)
+        return self.clock() - watch.chief_failed_at < SERVER_GRACE_S
 
     def _fatal(self, failures: list[tuple[int, k8s_models.V1Pod, Any]]) -> RankPodFailed:
         """The error of failed chief and parameter-server pods (first to fail first): the chief's
