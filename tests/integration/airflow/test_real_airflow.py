@@ -413,7 +413,7 @@ def test_killing_a_training_task_stops_its_ranks_and_the_retry_finishes_the_run(
                 os.kill(pid, sig)
 
     freeze(signal.SIGSTOP)
-    slices = 0
+    slices, late = 0, checkpoint.exists()  # late: they had trained past it before the freeze
     while not checkpoint.exists():
         assert all(alive(pid) for pid in ranks), (
             f"the ranks ended before their first checkpoint: {situation(airflow, run_id)}")
@@ -424,7 +424,10 @@ def test_killing_a_training_task_stops_its_ranks_and_the_retry_finishes_the_run(
             time.sleep(0.005)
         freeze(signal.SIGSTOP)
         slices += 1
-    assert not (run_dir / "train" / "result.json").exists()
+    assert not (run_dir / "train" / "result.json").exists(), (
+        f"the ranks of try {killed_try} had finished before they were frozen (checkpoint already "
+        f"there at the freeze: {late}, after {slices} slices; this process starved?): "
+        f"{sorted(p.name for p in checkpoint.parent.iterdir())} {situation(airflow, run_id)}")
     (stage,) = {parent(pid) for pid in ranks}  # the stage process launched the ranks
     task = parent(stage)
     ti = task_instances(airflow, run_id)["train"]
