@@ -18,9 +18,7 @@
 #      quota groups there too): the kernel gives the timing tests the CPU whenever they want it, as
 #      if they ran alone, and phase 1 takes what they leave (they leave half of it: they wait on
 #      quota-limited ranks and pods).  The timing tests' own ranks go in a group of the most
-#      weight, so that a rank phase 1 starts at the default weight cannot slow them either.  The
-#      real deployment's suite runs in a group of the default weight: the deployment starts its
-#      ranks at that weight, and the suite must keep up with them.
+#      weight, so that a rank phase 1 starts at the default weight cannot slow them either.
 #      Elsewhere they run after phase 1, alone.
 #
 # Every part runs even when an earlier one fails, so one CI log shows every failure; the exit status
@@ -83,11 +81,6 @@ background_group() {  # a cpu cgroup of the least weight for phase 1, or nothing
   # timing tests' ranks only have the default weight.
   { mkdir -p "$group-timing" && if [[ $version == 1 ]]; then echo 262144 > "$group-timing/cpu.shares"
     else echo 10000 > "$group-timing/cpu.weight"; fi; } 2>/dev/null || rmdir "$group-timing" 2>/dev/null
-  # And one of the default weight for the real deployment's suite (deploy): the deployment starts
-  # its runs' ranks at the default weight, so the suite that drives it, and the scheduler and
-  # task processes it starts, must not sit at the least weight below them (a test that must see a
-  # rank before it trains found it only once it had trained its 4 epochs).
-  mkdir -p "$group-deploy" 2>/dev/null
   echo "$group"
 }
 record() {  # record NAME COMMAND...: one concurrent part, its lines prefixed, its end time and code kept
@@ -101,9 +94,7 @@ record() {  # record NAME COMMAND...: one concurrent part, its lines prefixed, i
 side() {  # side NAME VENV TESTS...: one suite of phase 1
   local name=$1 venv=$2
   shift 2
-  if [[ $name == deploy && -d $bg-deploy ]]; then  # the default weight, as the deployment's ranks (background_group)
-    echo "$BASHPID" > "$bg-deploy/cgroup.procs"
-  elif [[ -n $bg ]]; then  # this subshell and all it starts: the low-weight group, its ranks' groups below it
+  if [[ -n $bg ]]; then  # this subshell and all it starts: the low-weight group, its ranks' groups below it
     echo "$BASHPID" > "$bg/suites/cgroup.procs"
     export HETERO_CGROUP_PARENT=${bg##*/}/ranks  # the group lies right under the controller's root
   fi
@@ -197,7 +188,6 @@ else
 fi
 [[ -z $bg ]] || rmdir "$bg/suites" "$bg/ranks" "$bg" 2>/dev/null || echo "(cgroup $bg left: a process of the suites lives on)"
 [[ -z $bg || ! -d $bg-timing ]] || rmdir "$bg-timing" 2>/dev/null || echo "(cgroup $bg-timing left: a rank of the timing tests lives on)"
-[[ -z $bg || ! -d $bg-deploy ]] || rmdir "$bg-deploy" 2>/dev/null || echo "(cgroup $bg-deploy left: a process of the deployment's suite lives on)"
 for name in "${streams[@]}" timing-trainer timing-airflow; do
   read -r took code < "$ends/$name" || { took=0 code=1; }
   case $name in

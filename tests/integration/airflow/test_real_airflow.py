@@ -373,15 +373,14 @@ def newest_train_ranks(run_id: str) -> tuple[int, list[int]]:
     return max(tries.items()) if tries else (0, [])
 
 
-def test_killing_a_training_task_stops_its_ranks_and_the_retry_finishes_the_run(airflow, dataset, bank, tmp_path):
-    """SIGKILL the train task's process (the ``airflow worker -- <ti id>`` process that runs the
-    operator) while its ranks train: the stage and its ranks end with it (parent-death signal),
-    Airflow fails the try and the retry finishes the run."""
-    artifacts = tmp_path / "artifacts"
-    # 17 steps an epoch: the ranks are frozen past the first epoch's checkpoint, the kill lands,
-    # and the retry trains the epochs left
-    run_id = trigger(airflow, job(dataset, artifacts, bank, epochs=4))
-    run_dir = RunDir.for_run(str(artifacts), DAG, run_id).root
+def frozen_past_first_checkpoint(airflow, conf: dict) -> tuple[str, Path, int, list[int]]:
+    """Trigger a run and freeze its train task's ranks (SIGSTOP) just past their first epoch's
+    checkpoint: the run, its folder, the try and the ranks' pids.  No pids when the ranks had
+    trained every epoch before this process first saw them (it is starved of CPU at times: make
+    test runs it at the least CPU weight, its deployment's ranks at the default one); that run
+    is left to finish."""
+    run_id = trigger(airflow, conf)
+    run_dir = RunDir.for_run(conf["artifact_root"], DAG, run_id).root
     checkpoint = run_dir / "train" / "checkpoints" / "checkpoint"
     checked = [time.monotonic()]
 
@@ -399,7 +398,7 @@ def test_killing_a_training_task_stops_its_ranks_and_the_retry_finishes_the_run(
         planned = json.loads((run_dir / "estimate" / "plan.json").read_text())["ranks"]
         return len(ranks) == len(planned) and (n, ranks)  # one or two ranks, as the estimate measured
 
-    killed_try, ranks = airflow.wait(started, RUN_TIMEOUT, lambda: f"the ranks of {run_id}'s train task to start "
+    try_number, ranks = airflow.wait(started, RUN_TIMEOUT, lambda: f"the ranks of {run_id}'s train task to start "
                                      f"({situation(airflow, run_id)})", every=0.1)
     # Where the kill lands must not depend on how fast this process looks: the ranks are frozen
     # at once and then run in slices of at most 0.3 s, the checkpoint file looked for every 5 ms,
@@ -413,7 +412,10 @@ def test_killing_a_training_task_stops_its_ranks_and_the_retry_finishes_the_run(
                 os.kill(pid, sig)
 
     freeze(signal.SIGSTOP)
-    slices, late = 0, checkpoint.exists()  # late: they had trained past it before the freeze
+    if (run_dir / "train" / "result.json").exists():  # outrun: nothing is left to kill
+        freeze(signal.SIGCONT)
+        return run_id, run_dir, try_number, []
+    slices = 0
     while not checkpoint.exists():
         assert all(alive(pid) for pid in ranks), (
             f"the ranks ended before their first checkpoint: {situation(airflow, run_id)}")
@@ -424,10 +426,27 @@ def test_killing_a_training_task_stops_its_ranks_and_the_retry_finishes_the_run(
             time.sleep(0.005)
         freeze(signal.SIGSTOP)
         slices += 1
-    assert not (run_dir / "train" / "result.json").exists(), (
-        f"the ranks of try {killed_try} had finished before they were frozen (checkpoint already "
-        f"there at the freeze: {late}, after {slices} slices; this process starved?): "
-        f"{sorted(p.name for p in checkpoint.parent.iterdir())} {situation(airflow, run_id)}")
+    assert not (run_dir / "train" / "result.json").exists(), (  # frozen in a slice: it cannot have trained on
+        f"the ranks of try {try_number} finished within a slice: {situation(airflow, run_id)}")
+    return run_id, run_dir, try_number, ranks
+
+
+def test_killing_a_training_task_stops_its_ranks_and_the_retry_finishes_the_run(airflow, dataset, bank, tmp_path):
+    """SIGKILL the train task's process (the ``airflow worker -- <ti id>`` process that runs the
+    operator) while its ranks train: the stage and its ranks end with it (parent-death signal),
+    Airflow fails the try and the retry finishes the run."""
+    # 17 steps an epoch: the ranks are frozen past the first epoch's checkpoint, the kill lands,
+    # and the retry trains the epochs left
+    for attempt in range(2):  # each in a folder of its own: this run's model is the first version there
+        conf = job(dataset, tmp_path / f"artifacts-{attempt}", bank, epochs=4)
+        run_id, run_dir, killed_try, ranks = frozen_past_first_checkpoint(airflow, conf)
+        if ranks:
+            break
+        NOTES.append(f"the ranks of {run_id} trained every epoch before this process saw them (starved "
+                     "of CPU); the kill is tried on another run")
+        assert wait_for_run(airflow, run_id)["state"] == "success"  # let it end: one run at a time
+    else:
+        raise AssertionError("twice the ranks trained every epoch before this process could see them")
     (stage,) = {parent(pid) for pid in ranks}  # the stage process launched the ranks
     task = parent(stage)
     ti = task_instances(airflow, run_id)["train"]
