@@ -260,10 +260,13 @@ def test_lr_search(tmp_path, full_core_pool):
     assert first["train_loss"] != second["train_loss"]
 
 
-def test_lr_search_refuses_tuning_combinations_as_reporting(tmp_path):
-    proc = subprocess.run([sys.executable, str(ROOT / "bench" / "lr_search.py"), "--reporting", "tiny_mlp-64-sgd",
+@pytest.mark.parametrize("combo", ["tiny_mlp-64-sgd", "small_cnn-512-adam"])  # the first set's, and a B = 512 one
+def test_lr_search_refuses_tuning_combinations_as_reporting(tmp_path, combo):
+    proc = subprocess.run([sys.executable, str(ROOT / "bench" / "lr_search.py"), "--reporting", combo,
                            "--out", tmp_path], capture_output=True, text=True, cwd=ROOT, timeout=60)
-    assert proc.returncode == 2 and proc.stderr.strip().splitlines()[-1].startswith("ERROR: --reporting")
+    model, batch, optimizer = combo.rsplit("-", 2)
+    assert proc.returncode == 2 and proc.stderr.strip().splitlines()[-1] == (
+        f"ERROR: --reporting: {[(model, int(batch), optimizer)]!r} are tuning combinations; report on others"), proc.stderr
 
 
 def test_preload():
