@@ -26,7 +26,7 @@ import yaml
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tests" / "cluster"))
 
-from k8s_support import TWO_TYPES_POOL, cluster_spec_doc, preload_on_cluster, wait_for  # noqa: E402
+from k8s_support import TWO_TYPES_POOL, cluster_spec_doc, freeze_when, preload_on_cluster, wait_for  # noqa: E402
 
 from hetero.gang_operators import HorovodJobOperator  # noqa: E402
 from hetero.kube.errors import GangError, RankPodFailed  # noqa: E402
@@ -160,11 +160,10 @@ def test_a_rank_killed_mid_training_fails_the_try_and_the_retry_resumes_from_its
     worker.start()
     try:
         pids = wait_for("both ranks' processes", lambda: _rank_pids(cluster, kube, run_id), 120, 0.02)
-        wait_for("a checkpoint of the first try", lambda: _checkpointed(run), 120, 0.02)
-        # Freeze both ranks at once, so the kill lands mid-training however slowly this test runs
-        # (on a busy machine the ranks once finished before it did); rank 0 goes on after the kill.
-        for pid in pids.values():
-            os.kill(pid, signal.SIGSTOP)
+        # Both ranks frozen in the slice that wrote the checkpoint, so the kill lands mid-training
+        # however slowly this test runs (on a busy machine the ranks once finished before it
+        # did); rank 0 goes on after the kill.
+        freeze_when("a checkpoint of the first try", list(pids.values()), lambda: _checkpointed(run), 120)
         os.kill(pids[1], signal.SIGKILL)
         os.kill(pids[0], signal.SIGCONT)
     finally:

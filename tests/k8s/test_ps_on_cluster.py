@@ -32,7 +32,7 @@ import yaml
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tests" / "cluster"))
 
-from k8s_support import TWO_TYPES_POOL, cluster_spec_doc, preload_on_cluster, wait_for  # noqa: E402
+from k8s_support import TWO_TYPES_POOL, cluster_spec_doc, freeze_when, preload_on_cluster, wait_for  # noqa: E402
 
 from hetero.gang_operators import ParameterServerJobOperator  # noqa: E402
 from hetero.kube.errors import ParameterServerFailed  # noqa: E402
@@ -124,14 +124,12 @@ def _task_pids(cluster, kube, run_id: str) -> dict[str, int]:
 
 
 def _kill_at_first_checkpoint(cluster, kube, run_id: str, run: Path, victim: str, tasks: int) -> None:
-    """SIGKILL ``victim`` at the first checkpoint, every task frozen (SIGSTOP) from the moment the
-    checkpoint is seen until the kill, so it lands there however slowly this test runs."""
+    """SIGKILL ``victim`` at the first checkpoint, every task frozen (SIGSTOP) in the slice that
+    wrote it until the kill, so it lands there however slowly this test runs."""
     pids = wait_for("every task's process", lambda: len(p := _task_pids(cluster, kube, run_id)) == tasks and p, 120, 0.02)
     # the manager's state file, written once a checkpoint is whole (its index can appear first): a
     # kill before it leaves the retry nothing to resume from
-    wait_for("a checkpoint", lambda: (run / "train" / "checkpoints" / "checkpoint").exists(), 180, 0.05)
-    for pid in pids.values():
-        os.kill(pid, signal.SIGSTOP)
+    freeze_when("a checkpoint", list(pids.values()), (run / "train" / "checkpoints" / "checkpoint").exists, 180)
     os.kill(pids[victim], signal.SIGKILL)
     for task, pid in pids.items():
         if task != victim:
