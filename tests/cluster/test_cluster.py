@@ -9,6 +9,7 @@ import json
 import math
 import re
 import socket
+import sys
 import time
 import urllib.request
 from pathlib import Path
@@ -17,6 +18,10 @@ import pytest
 from kubernetes import watch
 from kubernetes.client.exceptions import ApiException
 from testcluster import TestCluster
+
+if str(Path(__file__).resolve().parents[1]) not in sys.path:  # tests/processes.py
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from processes import alive  # noqa: E402
 
 pytest_plugins = ["testcluster.fixtures"]  # cluster, cluster_nodes, kube, kube_conn, task_context
 NS = "default"
@@ -55,14 +60,6 @@ def run(kube, manifest: dict) -> tuple:
     kube.create_namespaced_pod(NS, manifest)
     done = finished(kube, manifest["metadata"]["name"])
     return done, log_text(kube, manifest["metadata"]["name"])
-
-
-def alive(pid: int) -> bool:
-    """Running (a zombie left for init to reap is dead)."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
 
 
 def test_pod_goes_pending_running_succeeded_and_its_logs_stream(kube, cluster):

@@ -4,7 +4,6 @@ collects several test folders)."""
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -52,38 +51,6 @@ def cluster_spec_doc(pool_file: Path, training: dict) -> dict:
         "kubernetes": {"namespace": "default", "image": "trainer:1", "artifact_volume_claim": "artifacts",
                        "kubernetes_conn_id": CONN_ID, "scheduling_timeout_s": 60, "image_pull_timeout_s": 60},
     }
-
-
-def freeze_when(what: str, pids, condition, timeout: float) -> None:
-    """Stop the processes ``pids`` (SIGSTOP) once ``condition()`` holds, however slowly this test runs:
-    they are frozen at once and then run in slices of at most 0.3 s, ``condition`` looked at every
-    5 ms, and stay frozen from the slice in which it held.  (Waiting on the condition while they ran
-    freely, a test starved of CPU once looked only after they had trained every epoch.)  Fails when
-    one of them ends first, or after ``timeout`` s of slices."""
-    import signal
-    import time
-
-    def send(sig: int) -> None:
-        for pid in pids:
-            os.kill(pid, sig)
-
-    def alive(pid: int) -> bool:
-        try:  # a stopped or running process; an ended one is a zombie until the kubelet reaps it
-            return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-        except OSError:
-            return False
-
-    send(signal.SIGSTOP)
-    ran = 0.0
-    while not condition():
-        assert all(alive(pid) for pid in pids), f"a process ended before {what}"
-        assert ran < timeout, f"no {what} after {timeout:g} s of running"
-        send(signal.SIGCONT)
-        start = time.monotonic()
-        while time.monotonic() - start < 0.3 and not condition():
-            time.sleep(0.005)
-        send(signal.SIGSTOP)
-        ran += time.monotonic() - start
 
 
 def wait_for(what: str, check, timeout: float, interval: float = 0.1):

@@ -26,7 +26,8 @@ import yaml
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tests" / "cluster"))
 
-from k8s_support import TWO_TYPES_POOL, cluster_spec_doc, freeze_when, preload_on_cluster, wait_for  # noqa: E402
+from k8s_support import TWO_TYPES_POOL, cluster_spec_doc, preload_on_cluster, wait_for  # noqa: E402
+from processes import freeze_when, signal_all  # noqa: E402
 
 from hetero.gang_operators import HorovodJobOperator  # noqa: E402
 from hetero.kube.errors import GangError, RankPodFailed  # noqa: E402
@@ -165,7 +166,7 @@ def test_a_rank_killed_mid_training_fails_the_try_and_the_retry_resumes_from_its
         # did); rank 0 goes on after the kill.
         freeze_when("a checkpoint of the first try", list(pids.values()), lambda: _checkpointed(run), 120)
         os.kill(pids[1], signal.SIGKILL)
-        os.kill(pids[0], signal.SIGCONT)
+        signal_all([pids[0]], signal.SIGCONT)
     finally:
         worker.join(120)
     assert not worker.is_alive()

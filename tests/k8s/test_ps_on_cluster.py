@@ -32,7 +32,8 @@ import yaml
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tests" / "cluster"))
 
-from k8s_support import TWO_TYPES_POOL, cluster_spec_doc, freeze_when, preload_on_cluster, wait_for  # noqa: E402
+from k8s_support import TWO_TYPES_POOL, cluster_spec_doc, preload_on_cluster, wait_for  # noqa: E402
+from processes import freeze_when, signal_all  # noqa: E402
 
 from hetero.gang_operators import ParameterServerJobOperator  # noqa: E402
 from hetero.kube.errors import ParameterServerFailed  # noqa: E402
@@ -131,10 +132,7 @@ def _kill_at_first_checkpoint(cluster, kube, run_id: str, run: Path, victim: str
     # kill before it leaves the retry nothing to resume from
     freeze_when("a checkpoint", list(pids.values()), (run / "train" / "checkpoints" / "checkpoint").exists, 180)
     os.kill(pids[victim], signal.SIGKILL)
-    for task, pid in pids.items():
-        if task != victim:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGCONT)
+    signal_all([pid for task, pid in pids.items() if task != victim], signal.SIGCONT)
 
 
 # ------------------------------------------------------------------------- the real trainer

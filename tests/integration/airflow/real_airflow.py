@@ -32,6 +32,10 @@ import psutil
 import psycopg2
 from psycopg2 import sql
 
+if str(Path(__file__).resolve().parents[2]) not in sys.path:  # tests/: processes.py
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from processes import alive  # noqa: E402
+
 ROOT = Path(__file__).resolve().parents[3]
 AIRFLOW = Path(sys.executable).with_name("airflow")
 TRAINER_PY = ROOT / ".venv-trainer" / "bin" / "python"
@@ -375,21 +379,6 @@ def environ(pid: int) -> dict[str, str]:
         return {}
     pairs = (item.split(b"=", 1) for item in raw.split(b"\0") if b"=" in item)
     return {k.decode(errors="replace"): v.decode(errors="replace") for k, v in pairs}
-
-
-def alive(pid: int) -> bool:
-    """True while ``pid`` runs (a zombie, killed but not yet reaped, is not alive)."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except (OSError, IndexError):
-        return False
-
-
-def parent(pid: int) -> int | None:
-    try:
-        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
-    except (OSError, IndexError, ValueError):
-        return None
 
 
 def cmdline(pid: int) -> str:

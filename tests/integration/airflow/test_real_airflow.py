@@ -11,7 +11,6 @@ starts is stopped at the end, even when a test fails.  The session prints how lo
 
 from __future__ import annotations
 
-import contextlib
 import datetime as dt
 import json
 import os
@@ -24,17 +23,18 @@ import pytest
 
 from pipelines.stores.rundir import RunDir
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+for folder in (Path(__file__).resolve().parent, Path(__file__).resolve().parents[2]):  # real_airflow; tests/processes.py
+    if str(folder) not in sys.path:
+        sys.path.insert(0, str(folder))
+from processes import alive, freeze_when, parent, signal_all  # noqa: E402
 from real_airflow import (  # noqa: E402 (the helper beside this file)
     DATASET_ASSET,
     NOTES,
     Airflow,
     ApiError,
-    alive,
     cmdline,
     environ,
     generate,
-    parent,
     processes_with_env,
     quote,
 )
@@ -401,31 +401,15 @@ def frozen_past_first_checkpoint(airflow, conf: dict) -> tuple[str, Path, int, l
     try_number, ranks = airflow.wait(started, RUN_TIMEOUT, lambda: f"the ranks of {run_id}'s train task to start "
                                      f"({situation(airflow, run_id)})", every=0.1)
     # Where the kill lands must not depend on how fast this process looks: the ranks are frozen
-    # at once and then run in slices of at most 0.3 s, the checkpoint file looked for every 5 ms,
-    # until the first epoch's checkpoint is written; they stay frozen from then on.  (Looking over
-    # every process every 0.2 s while they ran freely, a loaded machine once let the last three
-    # epochs pass between two looks.)  A stopped process keeps the parent-death SIGTERM pending;
-    # it is delivered, as it would have been, at SIGCONT.
-    def freeze(sig: int) -> None:
-        for pid in ranks:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, sig)
-
-    freeze(signal.SIGSTOP)
+    # at once and then run in slices until the first epoch's checkpoint is written (processes.
+    # freeze_when).  (Looking over every process every 0.2 s while they ran freely, a loaded
+    # machine once let the last three epochs pass between two looks.)
+    signal_all(ranks, signal.SIGSTOP)
     if (run_dir / "train" / "result.json").exists():  # outrun: nothing is left to kill
-        freeze(signal.SIGCONT)
+        signal_all(ranks, signal.SIGCONT)
         return run_id, run_dir, try_number, []
-    slices = 0
-    while not checkpoint.exists():
-        assert all(alive(pid) for pid in ranks), (
-            f"the ranks ended before their first checkpoint: {situation(airflow, run_id)}")
-        assert slices < 20 * RUN_TIMEOUT, f"no checkpoint after {slices} slices: {situation(airflow, run_id)}"
-        freeze(signal.SIGCONT)
-        end = time.monotonic() + 0.3
-        while time.monotonic() < end and not checkpoint.exists():
-            time.sleep(0.005)
-        freeze(signal.SIGSTOP)
-        slices += 1
+    freeze_when("their first checkpoint", ranks, checkpoint.exists, RUN_TIMEOUT,
+                lambda: f": {situation(airflow, run_id)}")
     assert not (run_dir / "train" / "result.json").exists(), (  # frozen in a slice: it cannot have trained on
         f"the ranks of try {try_number} finished within a slice: {situation(airflow, run_id)}")
     return run_id, run_dir, try_number, ranks
@@ -455,9 +439,7 @@ def test_killing_a_training_task_stops_its_ranks_and_the_retry_finishes_the_run(
     os.kill(task, signal.SIGKILL)
     killed = time.monotonic()
     airflow.wait(lambda: not alive(task), 30, "the killed task process to end", every=0.1)
-    for pid in ranks:
-        with contextlib.suppress(ProcessLookupError):  # the stage may have SIGKILLed it already
-            os.kill(pid, signal.SIGCONT)
+    signal_all(ranks, signal.SIGCONT)  # those the stage has not SIGKILLed already
     airflow.wait(lambda: not any(alive(p) for p in [task, stage, *ranks]), 60,
                  "the killed task's stage process and ranks to end", every=0.2)
     NOTES.append(f"the killed train task's stage and ranks ended within {time.monotonic() - killed:.1f} s")

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 from conftest import ROOT, require_cpu_quota
+from processes import alive
 
 from pipelines.launch.cgroups import GROUP_PREFIX, CpuLimiter
 from pipelines.launch.local import Profile, launch
@@ -78,15 +79,6 @@ def script(tmp_path: Path, name: str, text: str) -> Path:
     path = tmp_path / name
     path.write_text(textwrap.dedent(text))
     return path
-
-
-def alive(pid: int) -> bool:
-    """True while ``pid`` runs (a zombie waiting for its parent to reap it counts as gone)."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except FileNotFoundError:
-        return False
-    return stat.rsplit(")", 1)[1].split()[0] != "Z"
 
 
 def test_plain_horovod_script_runs_unchanged_via_cli(tmp_path):

@@ -13,19 +13,12 @@ import time
 from pathlib import Path
 
 from conftest import ROOT
+from processes import alive
 
 from pipelines.launch.lifetime import ENV_PARENT, die_with_parent
 
 RANK = "from pipelines.launch.lifetime import die_with_parent; die_with_parent(); import os, time; " \
        "print('rank-pid', os.getpid(), flush=True); time.sleep(120)"
-
-
-def alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (FileNotFoundError, ProcessLookupError):
-        return False
-    return state not in ("Z", "X")  # a zombie has ended; only its exit status waits to be read
 
 
 def wait_gone(pids: list[int], timeout: float = 20.0) -> list[int]:

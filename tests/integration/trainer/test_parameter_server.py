@@ -4,10 +4,8 @@ training").  Tiny data and a tiny model keep each job to seconds."""
 
 from __future__ import annotations
 
-import contextlib
 import io
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -17,6 +15,7 @@ from pathlib import Path
 
 import pytest
 from conftest import assert_quota_enforced, require_cpu_quota, write_run
+from processes import signal_all
 
 from pipelines.core.stages import ps_command
 from pipelines.launch.local import Profile, free_ports, launch_ps
@@ -54,12 +53,6 @@ def updates(run: Path) -> list[dict]:
     return [json.loads(line) for line in (run / "train" / "updates.jsonl").read_text().splitlines()]
 
 
-def signal_all(procs, sig: int) -> None:
-    for proc in procs:
-        with contextlib.suppress(ProcessLookupError):  # a task killed by the action
-            os.kill(proc.pid, sig)
-
-
 def after_first_checkpoint(run: Path, action, timeout=300.0):
     """``on_start`` hook: once the chief has saved a checkpoint, call ``action(tasks)`` with every
     task frozen (SIGSTOP, then SIGCONT after it), so the action lands where the checkpoint is
@@ -70,9 +63,9 @@ def after_first_checkpoint(run: Path, action, timeout=300.0):
             deadline = time.time() + timeout
             while time.time() < deadline and not (run / "train" / "updates.jsonl").is_file():
                 time.sleep(0.05)
-            signal_all(tasks.values(), signal.SIGSTOP)
+            signal_all([p.pid for p in tasks.values()], signal.SIGSTOP)
             action(tasks)
-            signal_all(tasks.values(), signal.SIGCONT)
+            signal_all([p.pid for p in tasks.values()], signal.SIGCONT)  # a task killed by the action is skipped
 
         threading.Thread(target=watch, daemon=True).start()
 
