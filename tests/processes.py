@@ -1,6 +1,6 @@
 """Helpers for tests that watch, signal and freeze the processes a run starts, in either test
-environment (no third-party import).  The test folders that use them put ``tests/`` on
-``sys.path`` (their ``conftest.py``); each test folder otherwise imports only from itself."""
+environment (no third-party import); ``tests/`` is on pytest's ``sys.path`` (``pythonpath`` in
+pyproject.toml)."""
 
 from __future__ import annotations
 

@@ -9,7 +9,6 @@ import json
 import math
 import re
 import socket
-import sys
 import time
 import urllib.request
 from pathlib import Path
@@ -17,11 +16,8 @@ from pathlib import Path
 import pytest
 from kubernetes import watch
 from kubernetes.client.exceptions import ApiException
+from processes import alive
 from testcluster import TestCluster
-
-if str(Path(__file__).resolve().parents[1]) not in sys.path:  # tests/processes.py
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from processes import alive  # noqa: E402
 
 pytest_plugins = ["testcluster.fixtures"]  # cluster, cluster_nodes, kube, kube_conn, task_context
 NS = "default"

@@ -10,9 +10,8 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT / "plugins") not in sys.path:  # Airflow puts plugins/ on sys.path; so do the tests
     sys.path.insert(0, str(ROOT / "plugins"))
-for folder in (Path(__file__).parent, ROOT / "tests"):  # k8s_support, and tests/processes.py
-    if str(folder) not in sys.path:
-        sys.path.insert(0, str(folder))
+if str(Path(__file__).parent) not in sys.path:
+    sys.path.insert(0, str(Path(__file__).parent))
 
 from k8s_support import GPU_POOL  # noqa: E402
 

@@ -30,11 +30,8 @@ from pathlib import Path
 
 import psutil
 import psycopg2
+from processes import alive
 from psycopg2 import sql
-
-if str(Path(__file__).resolve().parents[2]) not in sys.path:  # tests/: processes.py
-    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-from processes import alive  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[3]
 AIRFLOW = Path(sys.executable).with_name("airflow")

@@ -23,9 +23,7 @@ import pytest
 
 from pipelines.stores.rundir import RunDir
 
-for folder in (Path(__file__).resolve().parent, Path(__file__).resolve().parents[2]):  # real_airflow; tests/processes.py
-    if str(folder) not in sys.path:
-        sys.path.insert(0, str(folder))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 from processes import alive, freeze_when, parent, signal_all  # noqa: E402
 from real_airflow import (  # noqa: E402 (the helper beside this file)
     DATASET_ASSET,

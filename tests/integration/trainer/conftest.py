@@ -15,8 +15,6 @@ import pytest
 from pipelines.launch.cgroups import CpuLimiter
 
 ROOT = Path(__file__).resolve().parents[3]
-if str(ROOT / "tests") not in sys.path:  # tests/processes.py, shared with the Airflow suite's tests
-    sys.path.insert(0, str(ROOT / "tests"))
 
 
 def write_run(run: Path, rows: int = 600, holdout: int = 200, seed: int = 0, model: dict | None = None, **training) -> Path:
