@@ -36,7 +36,7 @@ export AIRFLOW_HOME=${AIRFLOW_HOME:-$PWD/.airflow}
 export AIRFLOW__CORE__DAGS_FOLDER=$PWD/dags AIRFLOW__CORE__PLUGINS_FOLDER=$PWD/plugins
 export AIRFLOW__CORE__LOAD_EXAMPLES=False HETERO_TRAINER_PYTHON=$PWD/.venv-trainer/bin/python
 
-parts=() secs=() codes=()
+parts=() secs=() codes=() cpus=()
 logs=$(mktemp -d)  # each pytest run's output, to repeat its FAILED/ERROR lines at the end
 run_part() {  # run_part NAME COMMAND...
   local name=$1 start=$SECONDS code
@@ -50,8 +50,10 @@ run_part() {  # run_part NAME COMMAND...
 pytest_in() {  # pytest_in VENV MARK TESTS...: exit 5 (nothing collected) counts as success
   local venv=$1 mark=$2 code
   shift 2
+  # tests/cpu_usage.py: each test's CPU time, the costliest printed at the end (importable as
+  # tests.cpu_usage from the repository's root, which `python -m` puts on sys.path)
   # shellcheck disable=SC2086  # PYTEST_OPTS is a list of options
-  PYTHONUNBUFFERED=1 "$venv/bin/python" -m pytest $PYTEST_OPTS -m "$mark" "$@" 2>&1 | tee "$logs/${PART:-$mark}"
+  PYTHONUNBUFFERED=1 "$venv/bin/python" -m pytest -p tests.cpu_usage $PYTEST_OPTS -m "$mark" "$@" 2>&1 | tee "$logs/${PART:-$mark}"
   code=${PIPESTATUS[0]}
   [[ $code == 5 ]] && code=0
   return "$code"
@@ -201,19 +203,23 @@ for name in "${streams[@]}" timing-trainer timing-airflow; do
     *) label="$name suite" ;;
   esac
   parts+=("$label") secs+=("$took") codes+=("$code")
+  cpus[${#parts[@]} - 1]=$(sed -n 's/.*cpu_usage: \([0-9]*\) CPU-s in this session.*/\1/p' "$logs/$name" 2>/dev/null | tail -1)
 done
 rm -rf "$ends"
 
-total=0 status=0
+total=0 status=0 cpu_total=0
 echo
-echo "make test: time of each part (the suites of phase 1 ran at the same time; the timing tests beside them where cgroups allowed)"
+echo "make test: time of each part (the suites of phase 1 ran at the same time; the timing tests beside them"
+echo "where cgroups allowed), and the CPU time its pytest process and the processes it waited for took"
 for i in "${!parts[@]}"; do
   result=ok
   [[ ${codes[$i]} == 0 ]] || result="FAILED (exit ${codes[$i]})"
   [[ $status != 0 || ${codes[$i]} == 0 ]] || status=${codes[$i]}
-  printf '  %-32s %4dm%02ds  %s\n' "${parts[$i]}" $((secs[i] / 60)) $((secs[i] % 60)) "$result"
+  cpu=${cpus[$i]:-}
+  [[ -z $cpu ]] || cpu_total=$((cpu_total + cpu))
+  printf '  %-32s %4dm%02ds  %6s  %s\n' "${parts[$i]}" $((secs[i] / 60)) $((secs[i] % 60)) "${cpu:+${cpu} CPU-s}" "$result"
 done
-printf '  %-32s %4dm%02ds\n' "total (wall)" $((SECONDS / 60)) $((SECONDS % 60))
+printf '  %-32s %4dm%02ds  %6s\n' "total (wall)" $((SECONDS / 60)) $((SECONDS % 60)) "$cpu_total CPU-s"
 failed=$(grep -E '^(FAILED|ERROR) ' "$logs"/* 2>/dev/null | sed "s|^$logs/||" | cut -c1-300)
 if [[ -n $failed ]]; then  # CI keeps only the log's tail: name what failed there
   echo
