@@ -286,6 +286,21 @@ def confirmation(training: Any, rows: int, global_batch: int) -> Trial:
     return Trial(steps=steps, warmup=int(round(warmup_fraction * steps)))
 
 
+def smallest_within_noise(candidates: Sequence[dict]) -> dict:
+    """The confirmation's pick among ``candidates`` ({lr, factor, trial_loss, trial_se}; a diverged
+    run's loss None), at least one of them finite: of the runs that ended within ``NOISE_SES``
+    standard errors (of the difference) of the lowest, the one of the smallest rate.
+    bench/lr_search_replay.py replays it, and other rules beside it, on recorded candidates."""
+    finite = [c for c in candidates if c["trial_loss"] is not None]
+    best = min(finite, key=lambda c: c["trial_loss"])
+
+    def within_noise(c: dict) -> bool:
+        noise = math.hypot(c["trial_se"] or 0.0, best["trial_se"] or 0.0)
+        return c["trial_loss"] <= best["trial_loss"] + NOISE_SES * noise
+
+    return min(filter(within_noise, finite), key=lambda c: c["factor"])
+
+
 def choose(
     lrs: Sequence[float],
     losses: Sequence[float],
@@ -344,13 +359,7 @@ def choose(
         confirm(EDGE_EXTENSIONS[best["factor"]])
         best = lowest()
 
-    def within_noise(c: dict) -> bool:
-        if c["trial_loss"] is None:
-            return False
-        noise = math.hypot(c["trial_se"] or 0.0, best["trial_se"] or 0.0)
-        return c["trial_loss"] <= best["trial_loss"] + NOISE_SES * noise
-
-    chosen = min(filter(within_noise, candidates), key=lambda c: c["factor"])
+    chosen = smallest_within_noise(candidates)
     tried = ", x".join(f"{c['factor']:g}" for c in candidates)
     ended = f"ended lowest at x{best['factor']:g} (loss {best['trial_loss']:.4g} ± {best['trial_se'] or 0.0:.2g})"
     if chosen is not best:
