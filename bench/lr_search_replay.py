@@ -19,7 +19,8 @@ recorded chosen one, or the replay stops (exit 2): the runs were recorded under 
 
 Prints one line per combination, then one JSON line: per rule, the loss ratio's median and max
 (only where the best grid loss is at least ``min_best_loss``), the accuracy gap's median and max,
-and how many rates were outside the points.
+and how many rates were outside the points; ``skipped``: the combinations whose stage ran no
+confirmation (no clear descent: nothing to replay).
 """
 
 from __future__ import annotations
@@ -157,8 +158,12 @@ def main(argv: list[str] | None = None) -> None:
             print(f"ERROR: {path}: not a runs.json of bench/lr_search.py ({e})", file=sys.stderr)
             raise SystemExit(2) from None
     rows = [r for r in rows if args.set == "all" or r.get("set") == args.set]
+    # without a clear descent the stage ran no confirmation (its rate came from the curve alone)
+    skipped = [r.get("combo") for r in rows if not [c for c in r.get("candidates") or [] if c.get("trial_loss") is not None]]
+    rows = [r for r in rows if r.get("combo") not in skipped]
     if not rows:
-        print(f"ERROR: no combination of the {args.set} set in {', '.join(args.runs)}", file=sys.stderr)
+        print(f"ERROR: no combination of the {args.set} set with confirmation runs in {', '.join(args.runs)}",
+              file=sys.stderr)
         raise SystemExit(2)
     try:
         replayed = [replay(r) for r in rows]
@@ -173,7 +178,7 @@ def main(argv: list[str] | None = None) -> None:
                                         f" gap {v['accuracy_gap']:+.4f}")
             for name, v in r["rules"].items()))
     print(json.dumps({"combinations": [r["combo"] for r in replayed], "set": args.set, "min_best_loss": MIN_BEST_LOSS,
-                      "interpolated": True, "rules": summary(replayed)}, sort_keys=True))
+                      "interpolated": True, "rules": summary(replayed), "skipped": skipped}, sort_keys=True))
 
 
 if __name__ == "__main__":

@@ -52,8 +52,10 @@ def _mean(values: Sequence[float]) -> float:
 
 def point_means(runs: Iterable[dict], num_classes: int) -> list[dict]:
     """The runs grouped by rate: per rate the seeds, the mean held-out accuracy (a collapsed run
-    counts with its accuracy, 0 if it has none), and the mean held-out and training losses
-    (infinite if any seed diverged), sorted by rate."""
+    counts with its accuracy, 0 if it has none), the mean held-out and training losses (infinite
+    if any seed diverged) and the held-out loss's standard error over the seeds (``holdout_loss_se``:
+    their sample spread over the square root of their number; None from one seed or a diverged
+    one), sorted by rate."""
     by: dict[float, list[dict]] = {}
     for r in runs:
         by.setdefault(rate_key(r["lr"]), []).append(r)
@@ -61,10 +63,13 @@ def point_means(runs: Iterable[dict], num_classes: int) -> list[dict]:
     for lr, group in sorted(by.items()):
         accs = [r["holdout_accuracy"] if r.get("holdout_accuracy") is not None
                 and math.isfinite(r["holdout_accuracy"]) else 0.0 for r in group]
+        losses = [_finite_or_inf(r.get("holdout_loss")) for r in group]
+        spread = len(losses) > 1 and all(math.isfinite(v) for v in losses)
         out.append({
             "lr": lr, "seeds": sorted(r["seed"] for r in group),
             "holdout_accuracy": statistics.fmean(accs),
-            "holdout_loss": _mean([_finite_or_inf(r.get("holdout_loss")) for r in group]),
+            "holdout_loss": _mean(losses),
+            "holdout_loss_se": statistics.stdev(losses) / math.sqrt(len(losses)) if spread else None,
             "train_loss": _mean([_finite_or_inf(r.get("train_loss")) for r in group]),
             "collapsed": sum(collapsed(r, num_classes) for r in group),
         })
@@ -110,6 +115,8 @@ def combo_scores(fine_runs: Sequence[dict], chosen_runs: Sequence[dict], refs: d
     mean held-out loss over the lowest fine point's, None when that lowest is under
     ``min_best_loss`` (a ratio of near-zero losses is noise).  ``train_loss_ratio``: the same on
     training losses (always).  ``collapses``: chosen-rate runs that collapsed (:func:`collapsed`).
+    ``best_holdout_loss_se``: the lowest fine point's standard error over its seeds relative to its
+    mean, the scale of the ratio's noise (None from one seed).
     The references (name -> runs) get the same gap and ratio, as ``<name>_holdout_accuracy_gap``,
     ``<name>_holdout_loss_ratio``."""
     points = point_means(fine_runs, num_classes)
@@ -131,6 +138,8 @@ def combo_scores(fine_runs: Sequence[dict], chosen_runs: Sequence[dict], refs: d
         "best_accuracy_lr": acc_best["lr"], "best_holdout_accuracy": acc_best["holdout_accuracy"],
         "best_loss_lr": loss_best["lr"], "best_holdout_loss": loss_best["holdout_loss"],
         "best_train_loss": train_best, "loss_ratio_qualifies": qualifies,
+        "best_holdout_loss_se": (loss_best["holdout_loss_se"] / loss_best["holdout_loss"]
+                                 if loss_best["holdout_loss_se"] is not None and loss_best["holdout_loss"] > 0 else None),
         **figures(chosen_runs, ""), "collapses": sum(collapsed(r, num_classes) for r in chosen_runs),
         "chosen_seeds": len(chosen_runs), "points": points,
     }
@@ -154,7 +163,8 @@ def _round(v: float, digits: int) -> float | None:
 def summarise(rows: Sequence[dict], refs: Sequence[str] = ("fastai_valley", "lightning")) -> dict:
     """A set of combinations' figures: median and max over combinations of the accuracy gap and of
     the loss ratio (over the combinations where it qualifies; their number as
-    ``holdout_loss_ratio_combos``), of the training-loss ratio, the collapses, and ``cost_vs_grid``:
+    ``holdout_loss_ratio_combos``; over the same, the best point's relative standard error, the
+    ratio's noise, as ``best_holdout_loss_se_median`` and ``_max``), of the training-loss ratio, the collapses, and ``cost_vs_grid``:
     the summed lr_search wall time over the summed training time of the fine grids' runs (and the
     worst combination's).  A diverged ratio is infinite and shows as None in the max."""
     out: dict = {"combinations": len(rows)}
@@ -168,6 +178,8 @@ def summarise(rows: Sequence[dict], refs: Sequence[str] = ("fastai_valley", "lig
         trains = [r.get(f"{prefix}train_loss_ratio") for r in rows]
         out[f"{prefix}train_loss_ratio_median"], out[f"{prefix}train_loss_ratio_max"] = _stats(trains, 3)
     out["holdout_loss_ratio_combos"] = sum(bool(r.get("loss_ratio_qualifies")) for r in rows)
+    noise = [r.get("best_holdout_loss_se") for r in rows if r.get("loss_ratio_qualifies")]
+    out["best_holdout_loss_se_median"], out["best_holdout_loss_se_max"] = _stats(noise, 3)
     out["collapses"] = sum(r["collapses"] for r in rows)
     out["chosen_runs"] = sum(r["chosen_seeds"] for r in rows)
     out["cost_vs_grid"] = round(sum(r["search_s"] for r in rows) / sum(r["fine_grid_s"] for r in rows), 4)

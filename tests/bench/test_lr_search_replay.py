@@ -74,9 +74,11 @@ def test_runs_of_another_rule_and_bad_files_exit_2(replay, tmp_path, capsys):
 
 def test_the_json_line_summarises_every_rule(replay, tmp_path, capsys):
     runs = tmp_path / "runs.json"
-    runs.write_text(json.dumps([row(), {**row(), "set": "reporting", "combo": "r-512-adam"}]))
+    flat = {**row(), "combo": "f-64-adam", "candidates": []}  # no clear descent: no confirmation runs
+    runs.write_text(json.dumps([row(), {**row(), "set": "reporting", "combo": "r-512-adam"}, flat]))
     replay.main([str(runs)])  # the tuning set only, by default
     line = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert line["combinations"] == ["m-64-sgd"] and line["set"] == "tuning" and line["interpolated"] is True
+    assert line["skipped"] == ["f-64-adam"]
     assert set(line["rules"]) == {"rule6", "lowest", "vertex", "geometric_within_noise"}
     assert line["rules"]["rule6"]["loss_ratio_median"] == pytest.approx(1.25)

@@ -46,6 +46,9 @@ def test_points_average_their_seeds_and_a_diverged_seed_makes_the_loss_infinite(
     assert [p["lr"] for p in points] == [0.01, 0.1]
     assert points[1]["holdout_accuracy"] == pytest.approx(0.85) and points[1]["holdout_loss"] == pytest.approx(0.3)
     assert points[1]["seeds"] == [1, 2] and points[1]["collapsed"] == 0
+    assert points[1]["holdout_loss_se"] == pytest.approx(0.1)  # spread 0.1414 over sqrt(2)
+    assert points[0]["holdout_loss_se"] is None  # a diverged seed: no spread
+    assert score.point_means([run(0.1, 1, 0.8, 0.4)], 10)[0]["holdout_loss_se"] is None  # one seed
     assert points[0]["holdout_accuracy"] == pytest.approx(0.35) and math.isinf(points[0]["holdout_loss"])
     assert points[0]["collapsed"] == 1
 
@@ -73,6 +76,7 @@ def test_a_combination_is_scored_against_the_best_fine_point_by_mean_over_seeds(
     s = score.combo_scores(fine_grid(), chosen, refs, 10)
     assert s["best_accuracy_lr"] == 0.01 and s["best_holdout_accuracy"] == pytest.approx(0.95)
     assert s["best_loss_lr"] == 0.0178 and s["best_holdout_loss"] == pytest.approx(0.15)
+    assert s["best_holdout_loss_se"] == pytest.approx(0.01 / 0.15)  # seeds at 0.14 and 0.16
     assert s["holdout_accuracy"] == pytest.approx(0.935)
     assert s["holdout_accuracy_gap"] == pytest.approx(0.015)
     assert s["holdout_loss_ratio"] == pytest.approx(0.18 / 0.15) and s["loss_ratio_qualifies"]
@@ -95,19 +99,21 @@ def test_near_zero_best_losses_give_no_ratio_and_a_collapsed_seed_counts(score):
     assert s["holdout_accuracy_gap"] == pytest.approx(0.999 - 0.4995)
 
 
-def row(gap, ratio, qualifies=True, collapses=0, search_s=5.0, fine_s=100.0, valley_gap=0.1):
-    return {"holdout_accuracy_gap": gap, "holdout_loss_ratio": ratio if qualifies else None,
+def row(gap, ratio, qualifies=True, collapses=0, search_s=5.0, fine_s=100.0, valley_gap=0.1, se=0.05):
+    return {"holdout_accuracy_gap": gap, "holdout_loss_ratio": ratio if qualifies else None, "best_holdout_loss_se": se,
             "loss_ratio_qualifies": qualifies, "train_loss_ratio": 1.0, "collapses": collapses, "chosen_seeds": 2,
             "search_s": search_s, "fine_grid_s": fine_s, "fastai_valley_holdout_accuracy_gap": valley_gap}
 
 
 def test_a_set_summary_takes_medians_and_maxima_and_counts_the_qualifying_ratios(score):
-    rows = [row(0.001, 1.02), row(-0.002, 0.98), row(0.004, 1.10, search_s=15.0), row(0.02, 5.0, qualifies=False)]
+    rows = [row(0.001, 1.02), row(-0.002, 0.98, se=0.12), row(0.004, 1.10, search_s=15.0, se=0.08),
+            row(0.02, 5.0, qualifies=False, se=0.9)]
     s = score.summarise(rows)
     assert s["combinations"] == 4
     assert s["holdout_accuracy_gap_median"] == pytest.approx(0.0025) and s["holdout_accuracy_gap_max"] == 0.02
     assert s["holdout_loss_ratio_combos"] == 3  # the fourth's best loss was too small
     assert s["holdout_loss_ratio_median"] == 1.02 and s["holdout_loss_ratio_max"] == 1.1
+    assert (s["best_holdout_loss_se_median"], s["best_holdout_loss_se_max"]) == (0.08, 0.12)  # the qualifying three
     assert s["cost_vs_grid"] == pytest.approx(30 / 400) and s["cost_vs_grid_max"] == pytest.approx(0.15)
     assert s["collapses"] == 0 and s["chosen_runs"] == 8
     assert s["fastai_valley_holdout_accuracy_gap_median"] == pytest.approx(0.1)

@@ -243,6 +243,8 @@ def test_lr_search(tmp_path, full_core_pool):
         assert number(line[key], -1, 1), (key, line[key])  # accuracy differences
     # at this size every held-out loss is far above 0.05: the one combination has a loss ratio
     assert line["holdout_loss_ratio_combos"] == 1 and number(line["holdout_loss_ratio_max"], 0.01, 100)
+    # the grid point's two seeds differ (below): its loss has a standard error
+    assert number(line["best_holdout_loss_se_median"], 1e-9, 10) and number(line["best_holdout_loss_se_max"], 1e-9, 10)
     assert number(line["cost_vs_grid"], 0.001, 100) and line["cost_vs_grid"] <= line["cost_vs_grid_max"] + 1e-9
     assert line["collapses"] in (0, 1, 2) and isinstance(line["goals_missed"], list)
     assert line["combinations"] == 1 and line["reporting_combos"] == ["wide_mlp-128-sgd"]
@@ -258,6 +260,12 @@ def test_lr_search(tmp_path, full_core_pool):
     # the seed changes the run: the same rate ends elsewhere on another seed
     first, second = (r for r in row["runs"] if r["what"] in ("coarse", "fine"))
     assert first["train_loss"] != second["train_loss"]
+    # the replay tool reads these runs: the stage's rule replayed gives the rate the stage chose (it
+    # exits 2 otherwise); with no clear descent at this size the stage may have run no confirmation
+    if row["candidates"]:
+        replayed = run_bench("lr_search_replay.py", tmp_path / "runs.json", "--set", "reporting", timeout_s=300)
+        assert replayed["combinations"] == ["wide_mlp-128-sgd"] and replayed["skipped"] == []
+        assert set(replayed["rules"]) == {"rule6", "lowest", "vertex", "geometric_within_noise"}
 
 
 @pytest.mark.parametrize("combo", ["tiny_mlp-64-sgd", "small_cnn-512-adam"])  # the first set's, and a B = 512 one
