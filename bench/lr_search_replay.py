@@ -37,7 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from lr_search_score import MIN_BEST_LOSS, point_means, rate_key  # noqa: E402
 
-from pipelines.lr_search.curve import NOISE_SES, smallest_within_noise  # noqa: E402
+from pipelines.lr_search.curve import smallest_within_noise, within_noise  # noqa: E402
 
 
 def finite(candidates: list[dict]) -> list[dict]:
@@ -74,10 +74,7 @@ def vertex(candidates: list[dict], clamp: float = 0.5) -> float:
 
 def geometric_within_noise(candidates: list[dict]) -> float:
     """The geometric mean of the rates whose runs ended within the noise of the lowest."""
-    runs = finite(candidates)
-    best = min(runs, key=lambda c: c["trial_loss"])
-    near = [c for c in runs if c["trial_loss"] <= best["trial_loss"]
-            + NOISE_SES * math.hypot(c["trial_se"] or 0.0, best["trial_se"] or 0.0)]
+    near = within_noise(candidates)
     return math.exp(statistics.fmean(math.log(c["lr"]) for c in near))
 
 

@@ -286,19 +286,21 @@ def confirmation(training: Any, rows: int, global_batch: int) -> Trial:
     return Trial(steps=steps, warmup=int(round(warmup_fraction * steps)))
 
 
-def smallest_within_noise(candidates: Sequence[dict]) -> dict:
-    """The confirmation's pick among ``candidates`` ({lr, factor, trial_loss, trial_se}; a diverged
-    run's loss None), at least one of them finite: of the runs that ended within ``NOISE_SES``
-    standard errors (of the difference) of the lowest, the one of the smallest rate.
-    bench/lr_search_replay.py replays it, and other rules beside it, on recorded candidates."""
+def within_noise(candidates: Sequence[dict]) -> list[dict]:
+    """Of ``candidates`` ({lr, factor, trial_loss, trial_se}; a diverged run's loss None), at least
+    one of them finite, the runs that ended within ``NOISE_SES`` standard errors (of the
+    difference) of the lowest, the lowest among them."""
     finite = [c for c in candidates if c["trial_loss"] is not None]
     best = min(finite, key=lambda c: c["trial_loss"])
+    return [c for c in finite
+            if c["trial_loss"] <= best["trial_loss"] + NOISE_SES * math.hypot(c["trial_se"] or 0.0, best["trial_se"] or 0.0)]
 
-    def within_noise(c: dict) -> bool:
-        noise = math.hypot(c["trial_se"] or 0.0, best["trial_se"] or 0.0)
-        return c["trial_loss"] <= best["trial_loss"] + NOISE_SES * noise
 
-    return min(filter(within_noise, finite), key=lambda c: c["factor"])
+def smallest_within_noise(candidates: Sequence[dict]) -> dict:
+    """The confirmation's pick among ``candidates``: of the runs within the noise of the lowest
+    (:func:`within_noise`), the one of the smallest rate.  bench/lr_search_replay.py replays it,
+    and other rules beside it, on recorded candidates."""
+    return min(within_noise(candidates), key=lambda c: c["factor"])
 
 
 def choose(
