@@ -25,6 +25,7 @@ from tensorboard.plugins.histogram import metadata as histogram_metadata
 from tensorboard.plugins.scalar import metadata as scalar_metadata
 from tensorboard.util import tensor_util
 
+from pipelines.core.imports import load_tensorflow
 from pipelines.errors import StageError
 
 __all__ = ["Events", "EventsNotFoundError", "Histogram", "Scalar", "read_events", "read_histograms", "read_scalars"]
@@ -59,6 +60,10 @@ def read_events(path_or_dir: str | os.PathLike) -> Events:
     kept. Raises :class:`EventsNotFoundError` when the path does not exist.
     """
     path = os.fspath(path_or_dir)
+    try:  # TensorBoard's `tf` imports it on first use: through pipelines.core.imports instead
+        load_tensorflow()
+    except ImportError:  # not installed: TensorBoard reads with its own file system
+        pass
     if not tf.io.gfile.exists(path):
         raise EventsNotFoundError(f"{path}: no such event file or folder")
     runs = [path] if io_wrapper.IsSummaryEventsFile(path) else sorted(io_wrapper.GetLogdirSubdirectories(path))

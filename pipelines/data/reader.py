@@ -19,6 +19,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from pipelines.core.imports import load_tensorflow
 from pipelines.errors import DataError, StageError
 from pipelines.sync.balance import StepSlice
 
@@ -167,7 +168,7 @@ class RankInput:
     def __init__(self, features: ShardedRows, labels: np.ndarray, shape: Sequence[int], depth: int = 2):
         import queue
 
-        import tensorflow as tf
+        tf = load_tensorflow()
 
         self.features, self.labels, self.shape = features, labels, tuple(shape)
         self.wait_s = 0.0

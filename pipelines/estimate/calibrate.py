@@ -23,6 +23,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from pipelines.core.imports import load_tensorflow
 from pipelines.core.stages import CALIBRATION_BATCHES, CALIBRATION_SECONDS
 from pipelines.core.stages import calibration_command as child_command
 from pipelines.errors import NO_RETRY, StageError, StageFailure, child_error, exit_codes
@@ -93,7 +94,7 @@ def fit_step_time(batches: list[int], step_s: list[float]) -> dict[str, float]:
 def standalone_step(model: Any, optimizer: str) -> Any:
     """One whole training step of ``model`` alone (forward, backward, the optimizer's apply) as a
     ``tf.function(x, y) -> loss`` traced once for any batch: what calibration and the sweep time."""
-    import tensorflow as tf  # here, not above: the estimate stage imports this module without needing it
+    tf = load_tensorflow()  # here, not above: the estimate stage imports this module without needing it
 
     opt = make_optimizer(optimizer, 1e-3)
     loss_fn = tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True)
@@ -128,7 +129,7 @@ def time_train_steps(
     (±0.1 s of CPU / (share · window), about ±12% for a 0.4 share and a 0.8 s window).
     """
     import numpy as np
-    import tensorflow as tf  # here, not above: the estimate stage imports this module without needing it
+    tf = load_tensorflow()  # here, not above: the estimate stage imports this module without needing it
 
     num_classes = int(model.output_shape[-1])
     step = standalone_step(model, optimizer)
@@ -196,7 +197,7 @@ def set_threads(threads: int | None) -> None:
     """Set TensorFlow's pools (must run before TensorFlow executes anything)."""
     if not threads:
         return
-    import tensorflow as tf  # here, not above: the estimate stage imports this module without needing it
+    tf = load_tensorflow()  # here, not above: the estimate stage imports this module without needing it
 
     tf.config.threading.set_intra_op_parallelism_threads(int(threads))
     tf.config.threading.set_inter_op_parallelism_threads(1)

@@ -38,6 +38,8 @@ import math
 from collections import Counter
 from typing import Any
 
+from pipelines.core.imports import load_tensorflow
+
 BYTES_PER_FLOAT = 4
 TRAIN_FLOPS_FACTOR = 3.0
 CONV_KINDS = {"Conv1D", "Conv2D", "Conv3D", "DepthwiseConv2D"}
@@ -123,7 +125,7 @@ def _activated(layer: Any) -> bool:
 def depth(layers: list[Any]) -> int:
     """The longest path through ``layers`` (in topological order, as a model lists them), in
     layers: each counts one more than the deepest layer feeding it.  Inputs count 0."""
-    import tensorflow as tf
+    tf = load_tensorflow()
 
     deepest: dict[int, int] = {}
     for layer in layers:

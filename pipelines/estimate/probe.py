@@ -27,6 +27,7 @@ import tempfile
 import time
 from typing import Any
 
+from pipelines.core.imports import load_tensorflow
 from pipelines.core.plan import PROBE_RANKS, probe_plan
 from pipelines.core.stages import last_json_object
 from pipelines.errors import StageError, StageFailure, exit_codes
@@ -240,7 +241,7 @@ def rank_main(argv: list[str] | None = None) -> int:
     start_rank()
     measured = None
     with horovod_job() as hvd:
-        import tensorflow as tf  # here, not above: the estimate stage imports this module without needing it
+        tf = load_tensorflow()  # here, not above: the estimate stage imports this module without needing it
 
         @tf.function  # in a graph, as the training step reduces its gradients
         def reduce(x):

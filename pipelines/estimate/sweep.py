@@ -38,6 +38,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+from pipelines.core.imports import load_tensorflow
 from pipelines.core.profiling_commands import sweep_command
 from pipelines.core.stages import last_json_object
 from pipelines.errors import NO_RETRY, ModelError, StageError, StageFailure, child_error, exit_codes
@@ -146,7 +147,7 @@ def run_sweep(pool: Any, device: str, launcher: str, bank_uri: str, size: str, *
               optimizer: str = "sgd", threads: int | None = None) -> dict[str, Any]:
     """Time the family of ``size`` here, as device type ``device`` of ``pool``; add the rows to the
     bank one model at a time (a killed sweep keeps what it measured).  Returns the command's result."""
-    import tensorflow as tf  # here, not above: main() sets the allocator's environment first
+    tf = load_tensorflow()  # here, not above: main() sets the allocator's environment first
 
     dev = pool.get(device)
     bank = ProfileBank(bank_uri)

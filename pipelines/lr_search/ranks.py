@@ -27,6 +27,7 @@ from typing import Any
 
 import numpy as np
 
+from pipelines.core.imports import load_tensorflow
 from pipelines.core.plan import run_plan
 from pipelines.data.reader import epoch_permutation, open_split
 from pipelines.errors import StageError, exit_codes
@@ -104,7 +105,7 @@ class RangeTest:
     each from the same initial weights and a fresh optimizer."""
 
     def __init__(self, job: SearchJob, hvd):
-        import tensorflow as tf  # here, not above: a rank whose result exists exits without loading it
+        tf = load_tensorflow()  # here, not above: a rank whose result exists exits without loading it
 
         self.job, self.hvd, self.tf, self.rank = job, hvd, tf, hvd.rank()
         t = job.spec.training

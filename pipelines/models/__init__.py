@@ -13,6 +13,7 @@ import traceback
 from collections.abc import Callable
 from typing import Any
 
+from pipelines.core.imports import load_tensorflow
 from pipelines.errors import ModelError
 
 EXAMPLES: dict[str, str] = {
@@ -56,6 +57,7 @@ def resolve_model(name: str) -> Callable[..., Any]:
 def build_model(name: str, input_shape: tuple[int, ...], num_classes: int, kwargs: dict | None = None):
     """Build the model, checking that it is a Keras model whose output has one logit per class;
     a :class:`ModelError` otherwise."""
+    tf = load_tensorflow()  # before the user's module imports it (pipelines.core.imports)
     func = resolve_model(name)
     what = f"model.name {name!r}" + (f" ({EXAMPLES[name]})" if name in EXAMPLES else "")
     try:
@@ -63,8 +65,6 @@ def build_model(name: str, input_shape: tuple[int, ...], num_classes: int, kwarg
     except Exception as e:  # whatever the user's build function raises is the model's error
         args = f" with model.kwargs {kwargs}" if isinstance(e, TypeError) and kwargs else ""
         raise ModelError(f"{what}: the build function{args} raised {cause(e)}") from None
-    import tensorflow as tf  # the build function has loaded it already; imported here to keep this module light
-
     if not isinstance(model, tf.keras.Model):
         raise ModelError(f"{what}: the build function returned {type(model).__name__}, not a tf.keras.Model")
     try:

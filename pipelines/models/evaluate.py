@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 
+from pipelines.core.imports import load_tensorflow
 from pipelines.data.reader import open_shards
 from pipelines.errors import DataError, StageError
 
@@ -42,7 +43,7 @@ def load_serve(saved_model: str | os.PathLike):
     Uses the ``serve`` attribute (``keras.Model.export``, or a ``tf.Module`` with a ``serve``
     tf.function as the trainer saves), else the ``serve`` or ``serving_default`` signature.
     """
-    import tensorflow as tf  # here, not above: analyze loads it only when there are held-out rows
+    tf = load_tensorflow()  # here, not above: analyze loads it only when there are held-out rows
 
     path = os.fspath(saved_model)
     if "://" not in path and not Path(path).is_dir():

@@ -28,6 +28,7 @@ import os
 from collections.abc import Iterator
 from typing import Any
 
+from pipelines.core.imports import load_tensorflow
 from pipelines.launch import rendezvous
 from pipelines.launch.lifetime import die_with_parent
 
@@ -86,7 +87,7 @@ def start_rank() -> str:
 
 def configure_threads() -> None:
     """Match TensorFlow's thread pools to the CPU quota (before TensorFlow starts its runtime)."""
-    import tensorflow as tf
+    tf = load_tensorflow()
 
     threads = int(os.environ.get("HETERO_CPU_THREADS", "0"))
     if threads > 0:

@@ -15,6 +15,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import NamedTuple
 
+from pipelines.core.imports import load_tensorflow
 from pipelines.sync.balance import loss_weights
 
 
@@ -28,7 +29,7 @@ def forward_backward(model, x, y, weight, mean: float, std: float):
 
     Averaged over the ranks, the two figures are the global batch's mean loss and accuracy.
     """
-    import tensorflow as tf
+    tf = load_tensorflow()
 
     loss_fn = tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction="sum")
     with tf.GradientTape() as tape:
@@ -41,7 +42,7 @@ def forward_backward(model, x, y, weight, mean: float, std: float):
 
 def make_optimizer(name: str, learning_rate: float):
     """The job's optimizer: Adam when ``name == "adam"``, else SGD with momentum 0.9."""
-    import tensorflow as tf
+    tf = load_tensorflow()
 
     if name == "adam":
         return tf.keras.optimizers.Adam(learning_rate=learning_rate)
@@ -58,7 +59,7 @@ class Steps(NamedTuple):
 
 def build_steps(model, optimizer, hvd, shape: Sequence[int], mean: float, std: float) -> Steps:
     """Both steps as ``tf.function``s with fixed signatures (traced once)."""
-    import tensorflow as tf
+    tf = load_tensorflow()
 
     spec_x = tf.TensorSpec(shape=(None, *shape), dtype=tf.float32)
     spec_y = tf.TensorSpec(shape=(None,), dtype=tf.int32)

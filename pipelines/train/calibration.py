@@ -8,13 +8,14 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 
+from pipelines.core.imports import load_tensorflow
 from pipelines.sync.balance import sustained_rate
 
 
 def calibration_batch(features, labels, shape: Sequence[int], rows: int):
     """``rows`` training rows (repeated if the split is smaller) as tensors ``(x, y)``."""
     import numpy as np
-    import tensorflow as tf
+    tf = load_tensorflow()
 
     idx = np.arange(rows) % len(labels)
     return tf.constant(features[idx].reshape((-1, *shape))), tf.constant(labels[idx])

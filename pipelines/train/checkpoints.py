@@ -14,12 +14,14 @@ import os
 import time
 from pathlib import Path
 
+from pipelines.core.imports import load_tensorflow
+
 
 class Checkpoints:
     """The run's checkpoint state (TensorFlow variables) and its checkpoint folder."""
 
     def __init__(self, directory: str | os.PathLike, model, optimizer, batches: list[int], keep: int = 3):
-        import tensorflow as tf
+        tf = load_tensorflow()
 
         self.directory = Path(directory)
         self.step = tf.Variable(0, dtype=tf.int64, trainable=False, name="global_step")
@@ -54,7 +56,7 @@ class Checkpoints:
         """After a non-finite loss at ``step``: the checkpoint of ``step`` holds the weights that
         produced it, so it (and any later one) is no good to resume from.  With ``delete`` (rank
         0) they are deleted; returns the newest checkpoint kept (every rank reads the same)."""
-        import tensorflow as tf
+        tf = load_tensorflow()
 
         found = sorted(
             (int(p.rsplit("-", 1)[1].split(".")[0]), p[: -len(".index")])

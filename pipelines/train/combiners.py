@@ -46,6 +46,8 @@ import re
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
+from pipelines.core.imports import load_tensorflow
+
 COMBINERS: dict[str, str] = {
     "plain": "pipelines.train.combiners:plain",
     "staleness_aware": "pipelines.train.combiners:staleness_aware",
@@ -248,7 +250,7 @@ def staleness_aware(server, options: Mapping):
     like sync, with momentum 0.9 and a B-row step's rate); 0 otherwise (Zhang et al. 2016): in
     async mode τ0 = N - 1 diverged on one seed of three on 3 workers and changed nothing on 2
     (bench/README.md, "bench/strategies.py")."""
-    import tensorflow as tf
+    tf = load_tensorflow()
 
     default = max(0, int(options.get("workers", 1)) - 1) if options.get("mode") == "bounded" else 0
     base = float(options.get("expected_staleness", default))
@@ -279,7 +281,7 @@ def window_average(server, options: Mapping):
     """Average the updates of ``options["window"]`` arrivals, each weighted by its samples, and
     apply the average once.  The mean of W updates stands for W batches, so it moves at W times
     the completing update's rate (the linear scaling rule), as W plain updates would."""
-    import tensorflow as tf
+    tf = load_tensorflow()
 
     window = int(options.get("window", 1))
     if window < 1:
@@ -307,7 +309,7 @@ def drop_stale(server, options: Mapping):
     result's ``dropped_updates`` and ``updates.jsonl``'s ``applied``).  This is what ``bounded``
     mode did before it became stale-synchronous; in ``bounded`` mode τ is already at most
     (N − 1)(2s + 1) (``pipelines.train.ps_clock``), so it drops only what lies between s and that."""
-    import tensorflow as tf
+    tf = load_tensorflow()
 
     limit = int(options.get("max_staleness", 0))
 
@@ -370,7 +372,7 @@ def dc_asgd(server, options: Mapping):
     the apply, and the adaptive variant keeps a mean square.  A sync round's mean (every worker
     read the same parameters) is applied as it is.
     """
-    import tensorflow as tf
+    tf = load_tensorflow()
 
     lam, adaptive, m = dc_asgd_options(options)
     if options.get("mode") != "sync":  # a sync round's updates all read the same parameters

@@ -13,6 +13,8 @@ import os
 
 import numpy as np
 
+from pipelines.core.imports import load_tensorflow
+
 log = logging.getLogger("pipelines.train")
 ACTIVATION_ROWS = 64  # the fixed batch whose activations are recorded (their histograms' cost grows with it)
 BUCKETS = 30  # per histogram, as tf.summary.histogram's default
@@ -71,7 +73,7 @@ def histogram_table(values, buckets: int = BUCKETS) -> np.ndarray:
 def write_histogram(tag: str, values, buckets: int = BUCKETS) -> None:
     """Write :func:`histogram_table` of ``values`` under the histograms plugin, as
     ``tf.summary.histogram`` would.  Call it inside a writer's default."""
-    import tensorflow as tf
+    tf = load_tensorflow()
     from tensorboard.plugins.histogram import metadata
 
     if hasattr(values, "numpy"):
@@ -85,7 +87,7 @@ class EventWriter:
     histograms of the model's weights."""
 
     def __init__(self, directory: str | os.PathLike, size: int):
-        import tensorflow as tf
+        tf = load_tensorflow()
 
         self.tf, self.size = tf, size
         self.writer = tf.summary.create_file_writer(str(directory))

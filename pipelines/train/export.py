@@ -6,12 +6,13 @@ from __future__ import annotations
 import os
 from collections.abc import Sequence
 
+from pipelines.core.imports import load_tensorflow
 from pipelines.stores.rundir import atomic_path
 
 
 def export_saved_model(model, shape: Sequence[int], mean: float, std: float, target: str | os.PathLike) -> None:
     """Write the SavedModel to ``target`` atomically (a killed export leaves no half model)."""
-    import tensorflow as tf  # takes seconds to load: imported where it is used
+    tf = load_tensorflow()  # takes seconds to load: imported where it is used
 
     class Serving(tf.Module):
         def __init__(self):

@@ -26,6 +26,7 @@ import logging
 import os
 import sys
 
+from pipelines.core.imports import load_tensorflow
 from pipelines.errors import exit_codes
 from pipelines.launch.lifetime import die_with_parent
 from pipelines.train.command import parse_args, train_once
@@ -37,7 +38,7 @@ log = logging.getLogger("pipelines.train")
 
 def serve(role: str, index: int) -> int:
     """A worker's or a parameter server's life: a TensorFlow server until the task is stopped."""
-    import tensorflow as tf  # takes seconds to load: imported where it is used
+    tf = load_tensorflow()  # takes seconds to load: imported where it is used
 
     resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
     config = tf.compat.v1.ConfigProto()

@@ -31,6 +31,7 @@ import logging
 import math
 import time
 
+from pipelines.core.imports import load_tensorflow
 from pipelines.data.reader import epoch_permutation
 from pipelines.models import build_model
 from pipelines.sync.balance import compute_shares, scaled_learning_rate, scheduled_lr
@@ -73,7 +74,7 @@ class Chief(TrainingRun):
     """The coordinator: the strategy, the model on the servers, the update, the loop."""
 
     def __init__(self, args, key: str):
-        import tensorflow as tf  # takes seconds to load: a chief that finds a stored result never does
+        tf = load_tensorflow()  # takes seconds to load: a chief that finds a stored result never does
 
         self.tf = tf
         _, _, cluster = task_of()

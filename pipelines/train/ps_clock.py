@@ -65,6 +65,7 @@ from __future__ import annotations
 
 from typing import Any, NamedTuple
 
+from pipelines.core.imports import load_tensorflow
 from pipelines.errors import StageFailure
 
 POLL_S = 0.01  # seconds between two reads of the clocks while waiting
@@ -86,9 +87,7 @@ def staleness_bound(workers: int, max_staleness: int) -> int:
 
 
 def _tf():
-    import tensorflow as tf
-
-    return tf
+    return load_tensorflow()
 
 
 class Look(NamedTuple):

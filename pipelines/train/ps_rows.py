@@ -32,6 +32,8 @@ from pathlib import Path
 
 import numpy as np
 
+from pipelines.core.imports import load_tensorflow
+
 FEATURES, LABELS, META = "features.f32", "labels.i32", "rows.json"
 BLOCK_BYTES = 64 << 20  # rows copied per write, by size
 
@@ -89,7 +91,7 @@ class RowStore:
     def read(self, indices):
         """(Traced into a worker's update.)  The rows ``indices`` as ``(x [b, *shape] float32,
         y [b] int32)``, gathered from the memory-mapped files on the device that runs it."""
-        import tensorflow as tf
+        tf = load_tensorflow()
 
         # on the worker's CPU: a gather placed on a GPU would copy the whole mapped split there first
         with tf.device("/device:CPU:0"):

@@ -48,6 +48,7 @@ from __future__ import annotations
 
 from typing import Any, NamedTuple
 
+from pipelines.core.imports import load_tensorflow
 from pipelines.train.ps_clock import Clocks
 
 # What an update returns, in this order (one float64 vector), followed by every worker's clock as
@@ -89,7 +90,7 @@ class Update(NamedTuple):
 
 
 def _tf():
-    import tensorflow as tf
+    tf = load_tensorflow()
 
     return tf
 

@@ -31,6 +31,7 @@ import time
 
 import numpy as np
 
+from pipelines.core.imports import load_tensorflow
 from pipelines.data.reader import RankInput, epoch_permutation
 from pipelines.errors import exit_codes
 from pipelines.models import build_model
@@ -78,7 +79,7 @@ class Trainer(TrainingRun):
     """One rank of the job: its data, model, optimizer, compiled step and checkpoints."""
 
     def __init__(self, args: argparse.Namespace, hvd, key: str):
-        import tensorflow as tf  # takes seconds to load: a rank that finds a stored result never does
+        tf = load_tensorflow()  # takes seconds to load: a rank that finds a stored result never does
 
         self.hvd, self.tf = hvd, tf
         self.rank, self.size = hvd.rank(), hvd.size()
