@@ -36,6 +36,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from pipelines.core.imports import load_tensorflow  # noqa: E402
 from pipelines.errors import EXIT_FAILED  # noqa: E402
 from pipelines.launch.local import free_ports  # noqa: E402
 from pipelines.launch.tfconfig import ENV  # noqa: E402
@@ -134,7 +135,7 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["--_measure"]:  # a child: one configuration
         servers, rest = int(argv[1]), argv[2:]
-        import tensorflow as tf
+        tf = load_tensorflow()  # as the parameter-server tasks load it
 
         tf.get_logger().setLevel("ERROR")
         print(measure(tf, servers, parse_args(rest)), flush=True)
