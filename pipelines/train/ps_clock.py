@@ -86,10 +86,6 @@ def staleness_bound(workers: int, max_staleness: int) -> int:
     return max(0, int(workers) - 1) * (2 * int(max_staleness) + 1)
 
 
-def _tf():
-    return load_tensorflow()
-
-
 class Look(NamedTuple):
     """One read of the clocks by worker ``worker`` (tensors)."""
 
@@ -116,7 +112,7 @@ class Clocks:
 
     def __init__(self, strategy, near, workers: int, poll_s: float = POLL_S, idle_s: float = IDLE_S,
                  timeout_s: float = WAIT_TIMEOUT_S):
-        tf = _tf()
+        tf = load_tensorflow()
         n = max(1, int(workers))
         self.workers, self.poll_s, self.idle_s, self.timeout_s = n, float(poll_s), float(idle_s), float(timeout_s)
         with strategy.scope(), strategy.extended.colocate_vars_with(near):  # never sharded
@@ -125,7 +121,7 @@ class Clocks:
             self.draining = tf.Variable(False, trainable=False, name="chief_draining")
 
     def _mark(self, row: int, worker, value: int):
-        tf = _tf()
+        tf = load_tensorflow()
         index = tf.reshape(tf.stack([tf.constant(row, tf.int64), tf.cast(worker, tf.int64)]), [1, 2])
         return self.marks.scatter_nd_update(index, tf.constant([value], tf.int64))
 
@@ -141,14 +137,14 @@ class Clocks:
         """Add one to ``worker``'s clock (its update is combined) and, with ``release``, mark it idle
         (two writes at once: a waiter that reads the mark before the clock merely starts timing the
         idleness early)."""
-        tf = _tf()
+        tf = load_tensorflow()
         index = tf.reshape(tf.cast(worker, tf.int32), [1])
         ticked = self.clocks.scatter_add(tf.IndexedSlices(tf.ones([1], tf.int64), index))
         return tf.group(ticked, self.release(worker)) if release else ticked
 
     def look(self, worker, bound: int | None = None) -> Look:
         """Read the clocks as ``worker`` (one remote read; with ``bound``, two, for the marks)."""
-        tf = _tf()
+        tf = load_tensorflow()
         clocks = self.clocks.read_value()
         mine = tf.gather(clocks, tf.cast(worker, tf.int32))
         patience = tf.constant(self.idle_s, tf.float64)
@@ -163,7 +159,7 @@ class Clocks:
 
     def glance(self, worker) -> Wait:
         """One read, no wait (``async`` and ``sync``)."""
-        tf = _tf()
+        tf = load_tensorflow()
         seen = self.look(worker)
         return Wait(tf.constant(True), seen.clocks, seen.gap, seen.gap, tf.constant(0.0, tf.float64))
 
@@ -176,7 +172,7 @@ class Clocks:
         read takes the clocks alone: within the bound against every worker, it is within it
         against the live ones, and the update goes on after one remote read; the sleeping loop is
         entered only when it is ahead of the live ones."""
-        tf = _tf()
+        tf = load_tensorflow()
         bound = int(bound)
         start = tf.timestamp()
         # Explicit order: the wait's start before its first read, and the loop's first time after
@@ -231,7 +227,7 @@ class Clocks:
     def _stalled(self, worker, clocks, waited, still, bound: int):
         """The timeout's message: the waiting worker and the slowest live one, their clocks, the
         whole wait and the time the slowest made no progress."""
-        tf = _tf()
+        tf = load_tensorflow()
         live = tf.equal(self.marks.read_value()[LIVE], 1)
         slowest = tf.argmin(tf.where(live, clocks, tf.reduce_max(clocks) + 1))
         return tf.strings.format(
@@ -257,7 +253,7 @@ class Clocks:
         that order, so no waiter sees it live with the clock it stopped at.  Its busy mark is
         cleared too: a restarted process runs no update of ours, and one that does marks itself
         busy again when its next update starts (a waiter that meanwhile sees it idle merely defers)."""
-        tf = _tf()
+        tf = load_tensorflow()
         w = int(worker)
         clocks, marks = self.clocks.numpy(), self.marks.numpy()
         others = [int(c) for v, c in enumerate(clocks) if v != w and marks[LIVE][v] == 1]
@@ -270,7 +266,7 @@ class Clocks:
         a busy mark that an update which failed on the way left set (``Chief.transient``,
         ``Chief.settle``); a waiter for a worker marked busy never gives up, so a stale mark holds
         it until the timeout."""
-        tf = _tf()
+        tf = load_tensorflow()
         workers = range(self.workers) if worker is None else [int(worker)]
         self.marks.scatter_nd_update([[BUSY, w] for w in workers], tf.zeros([len(workers)], tf.int64))
 
@@ -278,7 +274,7 @@ class Clocks:
         """(On the chief, eagerly, after a restore and before any update.)  Set every clock to the
         largest restored one, so the bound applies from the resume point (see the module
         docstring); returns that clock."""
-        tf = _tf()
+        tf = load_tensorflow()
         top = int(tf.reduce_max(self.clocks.read_value()))
         self.clocks.assign(tf.fill([self.workers], tf.constant(top, tf.int64)))
         return top

@@ -60,16 +60,13 @@ def test_a_collector_the_program_disabled_stays_disabled():
     assert got["during"] == 0 and not got["enabled"]
 
 
-def lazy_tensorflow_imports(path: Path) -> list[int]:
-    """Lines of ``import tensorflow`` / ``from tensorflow ...`` in ``path`` (``tensorflow.python``
-    submodules included)."""
-    lines = []
-    for node in ast.walk(ast.parse(path.read_text(), str(path))):
-        names = [a.name for a in node.names] if isinstance(node, ast.Import) else (
-            [node.module] if isinstance(node, ast.ImportFrom) and node.module else [])
-        if any(n == "tensorflow" or n.startswith("tensorflow.") for n in names):
-            lines.append(node.lineno)
-    return lines
+def tensorflow_imports(path: Path) -> list[int]:
+    """Lines of ``import tensorflow`` (or ``import tensorflow.<submodule>``) in ``path``.  A
+    ``from tensorflow... import`` of a submodule once TensorFlow is loaded costs nothing more, and
+    is not counted."""
+    return [node.lineno for node in ast.walk(ast.parse(path.read_text(), str(path)))
+            if isinstance(node, ast.Import)
+            and any(a.name == "tensorflow" or a.name.startswith("tensorflow.") for a in node.names)]
 
 
 def test_every_tensorflow_import_of_pipelines_goes_through_the_loader():
@@ -78,9 +75,6 @@ def test_every_tensorflow_import_of_pipelines_goes_through_the_loader():
     found = {}
     for path in sorted((ROOT / "pipelines").rglob("*.py")):
         rel = path.relative_to(ROOT).as_posix()
-        # a submodule of an already loaded TensorFlow costs nothing more: only the top import counts
-        top = [n for n in lazy_tensorflow_imports(path)
-               if "import tensorflow" in path.read_text().splitlines()[n - 1]]
-        if rel not in allowed and top:
-            found[rel] = top
+        if rel not in allowed and (lines := tensorflow_imports(path)):
+            found[rel] = lines
     assert found == {}, f"import TensorFlow through pipelines.core.imports.load_tensorflow(): {found}"
