@@ -190,19 +190,24 @@ class Chief(TrainingRun):
         tf = self.tf
         lr = scheduled_lr(self.step, self.rate, self.warmup, self.total_steps, self.t.lr_schedule)
         args = (tf.constant(rows, tf.int64), tf.constant(lr, tf.float32))
-        try:
-            value = self.coordinator.schedule(self.update, args=args)
-        except self.transient_errors as e:  # an earlier update's failure, raised once by the coordinator
-            self.transient(e)
-            value = self.coordinator.schedule(self.update, args=args)
-        return Pending(value, rows)
+        while True:  # bounded: transient() fails the task after MAX_TRANSIENT
+            try:
+                return Pending(self.coordinator.schedule(self.update, args=args), rows)
+            except tf.errors.OpError as e:
+                # an earlier update's failure, raised once by the coordinator; another update may
+                # fail before this one is queued, and the coordinator raises that one next
+                if not self.is_transient(e):
+                    raise
+                self.transient(e)
 
     def collect(self, pending: Pending, flight: collections.deque) -> None:
         """Wait for one update and record it; a deferred one, or one lost with its worker, is
         scheduled again (same rows)."""
         try:
             r = parse_record(pending.value.fetch())
-        except self.transient_errors as e:
+        except self.tf.errors.OpError as e:
+            if not self.is_transient(e):
+                raise
             self.transient(e)
             flight.append(self.schedule(pending.rows))
             return
@@ -248,6 +253,21 @@ class Chief(TrainingRun):
         watch = self.watcher
         if watch is not None and worker in watch.lost and reachable(self.cluster["worker"][worker], timeout=0.5):
             watch.back(worker)
+
+    def is_transient(self, error) -> bool:
+        """Whether an update's failure is one of a worker lost on the way, which its rows survive.
+        TensorFlow's coordinator re-queues the failures it recognises as a worker's (a lost
+        connection, a cancelled call) and hands the others to the chief; most of those that come
+        from a lost worker are the three :attr:`transient_errors`, but a worker killed mid-call
+        can surface as another error naming it (TensorFlow's own note: "worker failure can manifest
+        as a Graph execution error UnknownError").  Such an error counts as transient only while
+        some worker's address no longer answers; a clock wait's timeout never does (it names a
+        stalled worker: :meth:`stalled`)."""
+        if isinstance(error, self.transient_errors):
+            return True
+        text = str(error)
+        return (TIMEOUT_MARK not in text and "/job:worker" in text
+                and any(not reachable(a, timeout=0.5) for a in self.cluster.get("worker", [])))
 
     def transient(self, error) -> None:
         """An update failed on the way (a worker lost while it ran, or cancelled with it): fine

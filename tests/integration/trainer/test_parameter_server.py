@@ -42,7 +42,21 @@ def start(run: Path, num_ps: int = 1, workers=(FAST, SLOW), extra=(), **kw):
     out = io.StringIO()
     result = launch_ps([*ps_command(str(run), sys.executable), *extra], cluster, list(workers), output=out,
                        timeout_s=300, **kw)
+    show_on_failure(out.getvalue())
     return result, out.getvalue()
+
+
+# What gRPC repeats for every function the chief drops on a worker that is gone (a killed worker's
+# test prints thousands): left out of what a failing test shows.
+NOISE = ("Failed to remove function remotely", "Additional GRPC error information", "Failed to pick subchannel",
+         "This could happen if the remote target has been disconnected")
+
+
+def show_on_failure(text: str, lines: int = 150) -> None:
+    """Print the tasks' last lines (a traceback, the chief's warnings) but gRPC's repeats: pytest
+    shows what a test printed only when it fails."""
+    kept = [line for line in text.splitlines() if not any(n in line for n in NOISE) and line.strip() not in ("", "[chief:0]")]
+    print("\n".join(kept[-lines:]))
 
 
 def summary(run: Path) -> dict:
