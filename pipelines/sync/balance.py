@@ -123,6 +123,44 @@ def allocate(throughputs: Sequence[float], global_batch: int, caps: Sequence[int
     return round_shares(water_fill(throughputs, global_batch, caps), throughputs, global_batch, caps)
 
 
+def allocate_affine(fixed_s: Sequence[float], per_sample_s: Sequence[float], global_batch: int,
+                    caps: Sequence[int] | None = None) -> list[int]:
+    """Split ``global_batch`` so that the ranks' steps take as long as each other, each rank's step
+    taking ``fixed_s[i] + per_sample_s[i] * b`` seconds at a batch of b.
+
+    Proportional shares (:func:`allocate`) balance the steps only where the fixed costs are 0;
+    with a fixed cost, a rank's samples/s falls with its batch, and shares proportional to it
+    reach the balance only by many small moves.  Here the common step time T is found first (the
+    smallest T at which every rank's batch, (T - fixed) / per_sample within [1, cap], adds up to
+    B), then rounded as :func:`allocate` rounds.
+    """
+    n = len(fixed_s)
+    if len(per_sample_s) != n or any(not math.isfinite(c) or c <= 0 for c in per_sample_s) or any(
+            not math.isfinite(f) or f < 0 for f in fixed_s):
+        raise AllocationError(f"step-time models need fixed_s >= 0 and per_sample_s > 0, got {list(fixed_s)}, "
+                              f"{list(per_sample_s)}")
+    throughputs = [1.0 / c for c in per_sample_s]
+    caps = _checked_caps(throughputs, global_batch, caps)
+
+    def shares(t: float) -> list[float]:
+        return [min(float(caps[i]), max(1.0, (t - fixed_s[i]) / per_sample_s[i])) for i in range(n)]
+
+    low = 0.0
+    high = max(fixed_s[i] + per_sample_s[i] * caps[i] for i in range(n))  # every rank at its cap
+    for _ in range(100):  # bisection: the sum of the shares grows with T
+        mid = (low + high) / 2
+        low, high = (mid, high) if sum(shares(mid)) < global_batch else (low, mid)
+    share = shares(high)
+    total = sum(share)
+    above = [i for i in range(n) if 1.0 < share[i] < caps[i]]  # the ones T moves: take the rounding from them
+    if above and total > global_batch:
+        extra = total - global_batch
+        weight = sum(share[i] for i in above)
+        for i in above:
+            share[i] -= extra * share[i] / weight
+    return round_shares(share, throughputs, global_batch, caps)
+
+
 def loss_weights(batches: Sequence[int]) -> list[float]:
     """Per-rank factors N * b_i / B: scaling rank i's mean loss by this before Horovod's average
     gives exactly the gradient of the mean loss over the global batch."""

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from pipelines.sync.balance import allocate, damped, drifted, sustained_rate
+from pipelines.sync.balance import allocate, allocate_affine, damped, drifted, sustained_rate
 from pipelines.train.window import Window
 
 
@@ -37,6 +37,8 @@ class Rebalancer:
     seconds: float = 0.0  # the slowest rank's window time, summed: the same on every rank
     checked: bool = False  # a decision was taken in this process
     events: list[dict] = field(default_factory=list)  # the re-balances, as in the summary
+    last: tuple[list[int], list[float]] | None = None  # the batches and step seconds at the last decision
+    slopes: dict[int, float] = field(default_factory=dict)  # per rank: seconds per sample, once fitted
 
     def measure(self, window: Window) -> None:
         """Add this rank's window (not the first of the process: it also traces the graph)."""
@@ -64,12 +66,53 @@ class Rebalancer:
         """
         self.samples = self.busy_s = self.cpu_s = self.seconds = 0.0
         self.checked = True
+        step_s = [b / r for b, r in zip(batches, rates, strict=True)]
+        models = self.step_models(batches, step_s)
+        self.last = (list(batches), step_s)
         if not drifted(batches, rates, self.threshold):
             return None
-        target = allocate(rates, self.global_batch, self.caps)
+        reason = f"measured samples/s {[round(r, 1) for r in rates]}"
+        if models is None:
+            target = allocate(rates, self.global_batch, self.caps)
+        else:
+            target = allocate_affine([f for f, _ in models], [c for _, c in models], self.global_batch, self.caps)
+            reason += "; step time from the last two batches: " + ", ".join(
+                f"rank {i} {f:.4f} s + {c * 1000:.3f} ms/sample" for i, (f, c) in enumerate(models) if f > 0)
         new = damped(batches, target, self.events[-1]["old"] if self.events else None)
         if new == list(batches):
             return None
-        self.events.append({"step": step, "epoch": epoch, "old": list(batches), "new": new,
-                            "reason": f"measured samples/s {[round(r, 1) for r in rates]}"})
+        self.events.append({"step": step, "epoch": epoch, "old": list(batches), "new": new, "reason": reason})
         return new
+
+    def step_models(self, batches: Sequence[int], step_s: Sequence[float]) -> list[tuple[float, float]] | None:
+        """Each rank's step time as ``fixed + per_sample * batch``, or None when no rank has one:
+        then the shares stay proportional to the measured samples/s.
+
+        Where the last re-balance moved a rank's batch by at least :data:`MIN_MOVE`, its two
+        measurements (before and after) give the slope, if positive, and the fixed cost, if not
+        negative (the secant through them).  A rank fitted so before keeps its slope, its fixed
+        cost re-read from the latest measurement.  Any other rank: ``(0, step / batch)``, what
+        proportional shares assume.
+
+        Why: a rank's fixed per-step costs (launching the step, its part of the allreduce;
+        stretched by a CPU quota) make its samples/s fall with its batch, so proportional shares
+        approach the balance only geometrically, one re-balance (and one retrace of the step) at
+        a time.  A speed change between two measurements gives a wrong fit; the next move fits
+        again from its own two, as a secant method does, and
+        :func:`pipelines.sync.balance.damped` halves a move back."""
+        models, fitted = [], False
+        for i, (b, t) in enumerate(zip(batches, step_s, strict=True)):
+            if self.last is not None and abs(b - self.last[0][i]) >= MIN_MOVE:
+                slope = (t - self.last[1][i]) / (b - self.last[0][i])
+                if slope > 0 and t - slope * b >= 0:
+                    self.slopes[i] = slope
+            slope = self.slopes.get(i)
+            if slope is not None and t - slope * b >= 0:
+                models.append((t - slope * b, slope))
+                fitted = True
+            else:
+                models.append((0.0, t / b))
+        return models if fitted else None
+
+
+MIN_MOVE = 2  # samples: a rank's step time fitted over a smaller move of its batch is mostly noise

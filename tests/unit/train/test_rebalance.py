@@ -69,3 +69,61 @@ def test_a_move_back_is_damped_by_the_last_event():
     # Measured speeds now say 32 : 32 again: half way back only.
     assert r.decide([48, 16], [1.0, 1.0], step=20, epoch=0) == [40, 24]
     assert [e["new"] for e in r.events] == [[48, 16], [40, 24]]
+
+
+def settle(r: Rebalancer, batches: list[int], step_time, rounds: int = 20, fit: bool = True) -> list[int]:
+    """Decide ``rounds`` times on rates measured exactly from ``step_time(rank, batch)`` (``fit``
+    False: with no earlier measurement kept, so every decision is proportional, as before the fit)."""
+    for k in range(rounds):
+        if not fit:
+            r.last = None
+            r.slopes.clear()
+        rates = [b / step_time(i, b) for i, b in enumerate(batches)]
+        batches = r.decide(batches, rates, step=10 * (k + 1), epoch=0) or batches
+    return batches
+
+
+def test_a_fixed_cost_per_step_is_fitted_from_two_batches_and_settles_in_few_moves():
+    """A quarter-speed rank whose fixed per-step cost (30 ms) is nearly the fast rank's whole step
+    (as under a CPU quota at a small B): its samples/s falls with its batch, so shares
+    proportional to samples/s move it down a few samples at a time (CI once saw 8 such moves in
+    30 windows); the two batches of the first move give each rank's step time, and the second
+    move goes where both steps take as long."""
+    fixed, per_sample = (0.002, 0.03), (0.0005, 0.002)
+    step_time = lambda i, b: fixed[i] + per_sample[i] * b  # noqa: E731
+    r = rebalancer()
+    end = settle(r, [28, 36], step_time)
+    assert [e["new"] for e in r.events] == [[53, 11], [62, 2]]
+    assert abs(step_time(0, end[0]) - step_time(1, end[1])) <= per_sample[1]  # balanced to a sample
+    assert r.events[1]["reason"].endswith("step time from the last two batches: rank 0 0.0020 s + 0.500 ms/sample, "
+                                          "rank 1 0.0300 s + 2.000 ms/sample")
+    proportional = rebalancer()
+    slower = settle(proportional, [28, 36], step_time, fit=False)  # the same ranks, shares proportional to samples/s
+    assert [e["new"] for e in proportional.events] == [[53, 11], [57, 7], [59, 5], [60, 4], [61, 3]]
+    assert max(step_time(i, b) for i, b in enumerate(slower)) > max(step_time(i, b) for i, b in enumerate(end))
+
+
+def test_without_fixed_costs_the_fit_changes_nothing():
+    step_time = lambda i, b: (0.001, 0.004)[i] * b  # noqa: E731
+    r = rebalancer()
+    assert settle(r, [32, 32], step_time) == [51, 13] and len(r.events) == 1  # proportional is exact
+
+
+def test_affine_shares_equalise_the_steps_and_give_one_sample_to_a_rank_too_slow_for_more():
+    from pipelines.sync.balance import allocate, allocate_affine
+
+    assert allocate_affine([0.0, 0.02], [0.001, 0.004], 64) == [55, 9]  # T = 55.2 ms for both
+    assert allocate_affine([0.0, 0.0], [0.001, 0.003], 64) == allocate([1000.0, 1000 / 3], 64)
+    assert allocate_affine([0.0, 0.1], [0.001, 0.004], 64) == [63, 1]  # its fixed cost alone is above 64 ms
+    assert allocate_affine([0.0, 0.0], [0.001, 0.001], 64, caps=[20, 64]) == [20, 44]
+
+
+def test_a_fitted_slope_is_kept_and_its_fixed_cost_read_again_where_the_batch_moved_too_little():
+    r = rebalancer()
+    r.last = ([52, 12], [0.028, 0.054])
+    models = r.step_models([63, 1], [0.0335, 0.032])  # both moved: rank 0 by 11, rank 1 by 11
+    assert models == [pytest.approx((0.002, 0.0005)), pytest.approx((0.03, 0.002))]
+    r.last = ([63, 1], [0.0335, 0.032])
+    models = r.step_models([62, 2], [0.033, 0.044])  # one sample: no new fit, the slope kept
+    assert models == [pytest.approx((0.002, 0.0005)), pytest.approx((0.04, 0.002))]  # rank 1 slowed by 10 ms
+    assert rebalancer().step_models([32, 32], [0.03, 0.03]) is None  # nothing measured before: proportional
