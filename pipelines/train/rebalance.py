@@ -66,6 +66,8 @@ class Rebalancer:
         """
         self.samples = self.busy_s = self.cpu_s = self.seconds = 0.0
         self.checked = True
+        if min(rates) <= 0:  # a rank measured nothing since the last decision: nothing to decide on
+            return None
         step_s = [b / r for b, r in zip(batches, rates, strict=True)]
         models = self.step_models(batches, step_s)
         self.last = (list(batches), step_s)

@@ -127,3 +127,8 @@ def test_a_fitted_slope_is_kept_and_its_fixed_cost_read_again_where_the_batch_mo
     models = r.step_models([62, 2], [0.033, 0.044])  # one sample: no new fit, the slope kept
     assert models == [pytest.approx((0.002, 0.0005)), pytest.approx((0.04, 0.002))]  # rank 1 slowed by 10 ms
     assert rebalancer().step_models([32, 32], [0.03, 0.03]) is None  # nothing measured before: proportional
+
+
+def test_no_decision_while_a_rank_has_measured_nothing():
+    r = rebalancer()
+    assert r.decide([32, 32], [300.0, 0.0], step=10, epoch=0) is None and r.events == [] and r.checked
