@@ -151,7 +151,9 @@ class TrainingSpec(Strict):
     rebalance_threshold: float = Field(
         0.05, gt=0, lt=1,
         description="Re-balance when a rank's measured share of the speed differs from its share of the global "
-        "batch by more than this fraction of that share.",
+        "batch by more than this fraction of that share, and the new split is predicted (from the ranks' measured "
+        "step times) to shorten the slowest step by more than this fraction: a smaller gain is not worth "
+        "retracing the step.",
     )
     warm_start: bool = Field(
         False,

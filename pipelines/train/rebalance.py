@@ -83,6 +83,15 @@ class Rebalancer:
         new = damped(batches, target, self.events[-1]["old"] if self.events else None)
         if new == list(batches):
             return None
+        # Worth a retrace of the step only if the slowest step gets shorter by more than the
+        # threshold: near the balance a slow rank's share is a few samples, where one sample is
+        # more than the threshold of its share and a noisy window would move it back and forth.
+        now = max(step_s)
+        then = max(f + c * b for (f, c), b in zip(models or [(0.0, t / b) for t, b in zip(step_s, batches, strict=True)],
+                                                  new, strict=True))
+        if then > (1 - self.threshold) * now:
+            return None
+        reason += f"; slowest step {now * 1000:.1f} -> {then * 1000:.1f} ms predicted"
         self.events.append({"step": step, "epoch": epoch, "old": list(batches), "new": new, "reason": reason})
         return new
 

@@ -49,7 +49,7 @@ def test_drift_moves_samples_to_the_faster_rank_and_records_the_event():
     new = r.decide([32, 32], [300.0, 100.0], step=40, epoch=1)
     assert new == [48, 16]
     assert r.events == [{"step": 40, "epoch": 1, "old": [32, 32], "new": [48, 16],
-                         "reason": "measured samples/s [300.0, 100.0]"}]
+                         "reason": "measured samples/s [300.0, 100.0]; slowest step 320.0 -> 160.0 ms predicted"}]
 
 
 def test_small_changes_are_not_a_drift():
@@ -87,8 +87,8 @@ def test_a_fixed_cost_per_step_is_fitted_from_two_batches_and_settles_in_few_mov
     """A quarter-speed rank whose fixed per-step cost (30 ms) is nearly the fast rank's whole step
     (as under a CPU quota at a small B): its samples/s falls with its batch, so shares
     proportional to samples/s move it down a few samples at a time (CI once saw 8 such moves in
-    30 windows); the two batches of the first move give each rank's step time, and the second
-    move goes where both steps take as long."""
+    30 windows) or stop short; the two batches of the first move give each rank's step time, and
+    the second move goes where both steps take as long."""
     fixed, per_sample = (0.002, 0.03), (0.0005, 0.002)
     step_time = lambda i, b: fixed[i] + per_sample[i] * b  # noqa: E731
     r = rebalancer()
@@ -96,11 +96,26 @@ def test_a_fixed_cost_per_step_is_fitted_from_two_batches_and_settles_in_few_mov
     assert [e["new"] for e in r.events] == [[53, 11], [62, 2]]
     assert abs(step_time(0, end[0]) - step_time(1, end[1])) <= per_sample[1]  # balanced to a sample
     assert r.events[1]["reason"].endswith("step time from the last two batches: rank 0 0.0020 s + 0.500 ms/sample, "
-                                          "rank 1 0.0300 s + 2.000 ms/sample")
+                                          "rank 1 0.0300 s + 2.000 ms/sample; slowest step 52.0 -> 34.0 ms predicted")
     proportional = rebalancer()
     slower = settle(proportional, [28, 36], step_time, fit=False)  # the same ranks, shares proportional to samples/s
+    # samples/s alone predicts every move to gain more than it does (no fixed cost): it creeps
     assert [e["new"] for e in proportional.events] == [[53, 11], [57, 7], [59, 5], [60, 4], [61, 3]]
     assert max(step_time(i, b) for i, b in enumerate(slower)) > max(step_time(i, b) for i, b in enumerate(end))
+
+
+def test_near_the_balance_a_noisy_window_moves_nothing():
+    """Balanced at [62, 2] (both steps ~34 ms): a window in which the slow rank measured 20% slower
+    (40.8 ms) drifts by more than the threshold (its share of the speed is 19% below its share of
+    B), but the one sample it could give away would shorten the slowest step only to 38.8 ms, less
+    than the threshold's 10%: no move, no retrace."""
+    r = rebalancer()
+    r.slopes = {0: 0.0005, 1: 0.002}  # fitted earlier; the last decision's batches were these
+    assert r.decide([62, 2], [62 / 0.033, 2 / 0.0408], step=10, epoch=0) is None
+    assert r.events == []
+    r.threshold = 0.04  # a gain of 4.9% is above this threshold: the move is made
+    assert r.decide([62, 2], [62 / 0.033, 2 / 0.0408], step=20, epoch=0) == [63, 1]
+    assert r.events[-1]["reason"].endswith("slowest step 40.8 -> 38.8 ms predicted")
 
 
 def test_without_fixed_costs_the_fit_changes_nothing():
