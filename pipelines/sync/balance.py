@@ -150,15 +150,7 @@ def allocate_affine(fixed_s: Sequence[float], per_sample_s: Sequence[float], glo
     for _ in range(100):  # bisection: the sum of the shares grows with T
         mid = (low + high) / 2
         low, high = (mid, high) if sum(shares(mid)) < global_batch else (low, mid)
-    share = shares(high)
-    total = sum(share)
-    above = [i for i in range(n) if 1.0 < share[i] < caps[i]]  # the ones T moves: take the rounding from them
-    if above and total > global_batch:
-        extra = total - global_batch
-        weight = sum(share[i] for i in above)
-        for i in above:
-            share[i] -= extra * share[i] / weight
-    return round_shares(share, throughputs, global_batch, caps)
+    return round_shares(shares(high), throughputs, global_batch, caps)  # it takes off the bisection's last crumb
 
 
 def loss_weights(batches: Sequence[int]) -> list[float]:

@@ -69,12 +69,12 @@ class Rebalancer:
         if min(rates) <= 0:  # a rank measured nothing since the last decision: nothing to decide on
             return None
         step_s = [b / r for b, r in zip(batches, rates, strict=True)]
-        models = self.step_models(batches, step_s)
+        models, fitted = self.step_models(batches, step_s)
         self.last = (list(batches), step_s)
         if not drifted(batches, rates, self.threshold):
             return None
         reason = f"measured samples/s {[round(r, 1) for r in rates]}"
-        if models is None:
+        if not fitted:
             target = allocate(rates, self.global_batch, self.caps)
         else:
             target = allocate_affine([f for f, _ in models], [c for _, c in models], self.global_batch, self.caps)
@@ -87,17 +87,16 @@ class Rebalancer:
         # threshold: near the balance a slow rank's share is a few samples, where one sample is
         # more than the threshold of its share and a noisy window would move it back and forth.
         now = max(step_s)
-        then = max(f + c * b for (f, c), b in zip(models or [(0.0, t / b) for t, b in zip(step_s, batches, strict=True)],
-                                                  new, strict=True))
+        then = max(f + c * b for (f, c), b in zip(models, new, strict=True))
         if then > (1 - self.threshold) * now:
             return None
         reason += f"; slowest step {now * 1000:.1f} -> {then * 1000:.1f} ms predicted"
         self.events.append({"step": step, "epoch": epoch, "old": list(batches), "new": new, "reason": reason})
         return new
 
-    def step_models(self, batches: Sequence[int], step_s: Sequence[float]) -> list[tuple[float, float]] | None:
-        """Each rank's step time as ``fixed + per_sample * batch``, or None when no rank has one:
-        then the shares stay proportional to the measured samples/s.
+    def step_models(self, batches: Sequence[int], step_s: Sequence[float]) -> tuple[list[tuple[float, float]], bool]:
+        """Each rank's step time as ``fixed + per_sample * batch``, and whether any rank has a
+        fitted one (if none has, the shares stay proportional to the measured samples/s).
 
         Where the last re-balance moved a rank's batch by at least :data:`MIN_MOVE`, its two
         measurements (before and after) give the slope, if positive, and the fixed cost, if not
@@ -123,7 +122,7 @@ class Rebalancer:
                 fitted = True
             else:
                 models.append((0.0, t / b))
-        return models if fitted else None
+        return models, fitted
 
 
 MIN_MOVE = 2  # samples: a rank's step time fitted over a smaller move of its batch is mostly noise

@@ -136,12 +136,13 @@ def test_affine_shares_equalise_the_steps_and_give_one_sample_to_a_rank_too_slow
 def test_a_fitted_slope_is_kept_and_its_fixed_cost_read_again_where_the_batch_moved_too_little():
     r = rebalancer()
     r.last = ([52, 12], [0.028, 0.054])
-    models = r.step_models([63, 1], [0.0335, 0.032])  # both moved: rank 0 by 11, rank 1 by 11
-    assert models == [pytest.approx((0.002, 0.0005)), pytest.approx((0.03, 0.002))]
+    models, fitted = r.step_models([63, 1], [0.0335, 0.032])  # both moved: rank 0 by 11, rank 1 by 11
+    assert fitted and models == [pytest.approx((0.002, 0.0005)), pytest.approx((0.03, 0.002))]
     r.last = ([63, 1], [0.0335, 0.032])
-    models = r.step_models([62, 2], [0.033, 0.044])  # one sample: no new fit, the slope kept
-    assert models == [pytest.approx((0.002, 0.0005)), pytest.approx((0.04, 0.002))]  # rank 1 slowed by 10 ms
-    assert rebalancer().step_models([32, 32], [0.03, 0.03]) is None  # nothing measured before: proportional
+    models, fitted = r.step_models([62, 2], [0.033, 0.044])  # one sample: no new fit, the slope kept
+    assert fitted and models == [pytest.approx((0.002, 0.0005)), pytest.approx((0.04, 0.002))]  # rank 1 slowed by 10 ms
+    models, fitted = rebalancer().step_models([32, 32], [0.03, 0.03])  # nothing measured before: proportional
+    assert not fitted and models == [(0.0, 0.03 / 32)] * 2
 
 
 def test_no_decision_while_a_rank_has_measured_nothing():
