@@ -114,9 +114,11 @@ def test_an_error_naming_a_worker_is_transient_only_while_a_worker_is_gone():
 
 def test_an_update_is_queued_past_several_earlier_failures_and_a_real_error_stops_the_chief():
     """The coordinator raises each earlier update's failure once, at the next schedule: two in a row
-    (a worker killed with two updates on it) are both counted and the rows are still queued."""
+    (a worker killed with two updates on it) are both counted and the rows are still queued.  (A
+    CancelledError or UnavailableError it re-queues itself; what reaches schedule is an error it
+    does not count as a worker's, such as this UnknownError.)"""
     listening, addresses = one_worker_gone()
-    raised = [tf.errors.CancelledError(None, None, "cancelled"), tf.errors.UnknownError(None, None, KILLED_MID_CALL)]
+    raised = [tf.errors.UnknownError(None, None, KILLED_MID_CALL), tf.errors.UnknownError(None, None, KILLED_MID_CALL)]
 
     def schedule(update, args):
         if raised:
