@@ -1,8 +1,8 @@
 """Choose how many devices of each type to use and each rank's batch.
 
 For every candidate (n_t devices of type t, not all zero) the global batch is split across the
-ranks in proportion to their throughput, within their memory caps
-(:func:`pipelines.sync.balance.allocate`), and the run is predicted as
+ranks so that their predicted steps take equally long, within their memory caps
+(:func:`pipelines.sync.balance.allocate_affine`), and the run is predicted as
 
     step_s  = max_i(fixed_i + per_sample_i · b_i) + allreduce_s + ring_allreduce_s(N, param_bytes)
     total_s = epochs · ceil(rows_train / B) · step_s
@@ -44,7 +44,7 @@ from typing import Any
 from pipelines.core.plan import STRATEGIES
 from pipelines.errors import StageError
 from pipelines.spec import DeviceType, PoolSpec
-from pipelines.sync.balance import AllocationError, allocate
+from pipelines.sync.balance import AllocationError, allocate, allocate_affine
 
 LOCAL_BANDWIDTH_BPS = 1e9  # bytes/s assumed for allreduce between local processes (Gloo over loopback)
 AUTO_BATCH_PER_RANK = 64
@@ -105,12 +105,19 @@ def enumerate_candidates(counts: list[int], max_ranks: int | None) -> list[tuple
 
 
 def _balanced_batches(profiles: list[dict[str, Any]], global_batch: int, caps: list[int]) -> list[int]:
-    """Throughput-proportional batches, refined so throughputs are taken at the batches they get.
+    """Each rank's batch such that the ranks' predicted steps (``fixed_s + per_sample_s * b``) take
+    equally long, within the caps (:func:`pipelines.sync.balance.allocate_affine`, as the trainer's
+    re-balancer splits once it has fitted the ranks' steps).
 
-    Throughput of an affine step-time model depends on the batch, so allocate at an even split,
-    then re-allocate with throughputs measured at the allocated batches; keep the best of a few
-    rounds (the one with the smallest slowest step).
+    Shares proportional to samples/s balance the steps only where the fixed costs are 0: a rank's
+    samples/s falls with its batch, so the proportional split leaves the rank with the larger fixed
+    cost slowest.  A rank whose profile has no per-sample cost (``per_sample_s`` 0: its step does
+    not depend on the batch) makes the balance degenerate; then the split is proportional to the
+    samples/s at the batches it gives, re-taken a few times (the best of them kept).
     """
+    if all(float(p["per_sample_s"]) > 0 for p in profiles):
+        return allocate_affine([float(p["fixed_s"]) for p in profiles], [float(p["per_sample_s"]) for p in profiles],
+                               global_batch, caps)
     n = len(profiles)
     batches = [max(1, global_batch // n)] * n
     best, best_step = None, math.inf

@@ -172,6 +172,22 @@ def test_score_candidate_predicts_step_total_energy_and_cost_by_hand():
         score_candidate([types["fast"], types["slow"]], profiles, global_batch=1, rows_train=10, epochs=1, comm_s=0)
 
 
+def test_batches_balance_the_steps_where_a_fixed_cost_dominates_the_slow_rank():
+    # The slow rank's fixed cost is half the fast rank's whole step (the re-balancer's fitted figures
+    # from a quota-starved rank): samples/s falls with the batch, and shares proportional to it stop at
+    # [58, 6], the slow rank then 6% slower.  The equal-time split: T = 0.0402 s, b = 58.7 and 5.3.
+    types = {d.name: d for d in pool().device_types}
+    profiles = {"fast": {"fixed_s": 0.002, "per_sample_s": 0.00065},
+                "slow": {"fixed_s": 0.0223, "per_sample_s": 0.003375}}
+    s = score_candidate([types["fast"], types["slow"]], profiles, global_batch=64, rows_train=640, epochs=1, comm_s=0)
+    assert [r["batch"] for r in s["ranks"]] == [59, 5]
+    assert s["predicted_step_s"] == pytest.approx(0.002 + 0.00065 * 59)  # the fast rank is now the slowest, by 1 ms
+    # a rank with no per-sample cost: its step does not depend on the batch, and the split stays proportional
+    flat = {"fast": profiles["fast"], "slow": {"fixed_s": 0.02, "per_sample_s": 0.0}}
+    got = score_candidate([types["fast"], types["slow"]], flat, global_batch=64, rows_train=640, epochs=1, comm_s=0)
+    assert sum(r["batch"] for r in got["ranks"]) == 64 and all(r["batch"] >= 1 for r in got["ranks"])
+
+
 def test_choose_minimises_the_objective_within_the_deadline_and_breaks_ties():
     def cand(total, energy, ranks, meets=True):
         return {"predicted_total_s": total, "energy_j": energy, "cost": 0.0, "ranks": [{}] * ranks,
