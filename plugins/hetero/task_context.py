@@ -8,6 +8,7 @@ from __future__ import annotations
 import difflib
 from pathlib import Path
 
+from hetero.params import base_job
 from pipelines.core.stages import StageContext, run_inputs
 from pipelines.launch.k8s import Identity
 from pipelines.spec import JobSpec, SpecError, load_spec
@@ -73,9 +74,12 @@ def validate_params(params: dict) -> JobSpec:
     run the defaults).
 
     Airflow replaces a top-level param whole with the conf's value, so a conf that names only
-    ``training.epochs`` would lose the deployment's other ``training`` defaults: the params are
-    deep-merged over the deployment's job defaults (``HETERO_JOB_DEFAULTS``, read here, when the
-    task runs) first.  A param the conf left alone already holds the merged default."""
+    ``training.epochs`` would lose the deployment's other ``training`` defaults, and one that names
+    only ``dataset.num_classes`` the checkout's ``dataset.uri``: the params are deep-merged over the
+    run's defaults first, the deployment's job defaults (``HETERO_JOB_DEFAULTS``, read here, when
+    the task runs) over the checkout's (:func:`hetero.params.base_job`).  A param the conf left
+    alone already holds the merged default; a top-level ``None`` is such a default (an empty
+    optional field) and keeps it."""
     doc = dict(params)
     unknown = sorted(set(doc) - set(JobSpec.model_fields))
     if unknown:
@@ -85,4 +89,4 @@ def validate_params(params: dict) -> JobSpec:
             lines.append(f"  {key}: unknown field" + (f" (did you mean {close[0]!r}?)" if close else ""))
         raise SpecError("\n".join(lines))
     given = {k: v for k, v in doc.items() if v is not None}
-    return load_spec(deep_merge(load_job_defaults(), given))
+    return load_spec(deep_merge(deep_merge(base_job(), load_job_defaults()), given))

@@ -122,6 +122,19 @@ def test_a_run_without_a_conf_gets_the_defaults_and_a_conf_is_merged_over_them(d
     assert (spec.launcher, spec.training.strategy, spec.training.epochs) == ("local", "horovod", 7)
 
 
+def test_a_conf_naming_part_of_an_object_keeps_the_checkouts_defaults_of_the_rest(tmp_path, monkeypatch):
+    """Without a defaults file, {"dataset": {"num_classes": 5}} keeps the checkout's dataset.uri
+    (HETERO_DATASET_URI here) rather than failing on a missing uri."""
+    from hetero.params import job_params
+    from hetero.task_context import validate_params
+
+    monkeypatch.delenv(ENV_JOB_DEFAULTS, raising=False)
+    monkeypatch.setenv("HETERO_DATASET_URI", str(tmp_path / "shapes"))
+    form = {k: p.value for k, p in job_params().items()}
+    spec = validate_params({**form, "dataset": {"num_classes": 5}})
+    assert (spec.dataset.uri, spec.dataset.num_classes) == (str(tmp_path / "shapes"), 5)
+
+
 def test_the_file_is_read_again_when_a_task_runs(defaults_file):
     """A task validates its params against the file as it is when the task runs (the form showed
     the file as it was when the DAG was parsed)."""
