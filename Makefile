@@ -28,8 +28,9 @@ data: setup
 	else echo "sample data already in $(DATA)"; fi
 
 ## demo: set-up, sample data, then the main DAG end to end on the local launcher
+## the demo trains on DATA when it is given on the command line, else on HETERO_DATASET_URI if set, else on DATA's default
 demo: setup data
-	@scripts/demo.sh
+	@HETERO_DATASET_URI="$(if $(filter command line,$(origin DATA)),$(DATA),$${HETERO_DATASET_URI:-$(DATA)})" scripts/demo.sh
 
 ## test: set-up, then the whole test suite (unit, DAG, integration) in both environments, then the
 ## time each part took (scripts/test-suite.sh)
