@@ -7,6 +7,9 @@ cd "$(dirname "$0")/.."
 export AIRFLOW_HOME=${AIRFLOW_HOME:-$PWD/.airflow}
 mkdir -p "$AIRFLOW_HOME"
 .venv/bin/airflow db migrate >"$AIRFLOW_HOME/db-migrate.log" 2>&1 || { cat "$AIRFLOW_HOME/db-migrate.log"; exit 1; }
+# compiled once, so that every stage and rank does not compile them again where
+# PYTHONDONTWRITEBYTECODE is set (scripts/test-suite.sh)
+.venv-trainer/bin/python -m compileall -q -j 0 pipelines plugins dags >/dev/null || true
 
 # A fresh machine's profile bank is empty: profile the demo pool first (the profile_pool DAG: a small
 # sweep per device type, the allreduce probe, two reference runs), so the estimate predicts from it.
