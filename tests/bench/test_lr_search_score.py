@@ -99,15 +99,45 @@ def test_near_zero_best_losses_give_no_ratio_and_a_collapsed_seed_counts(score):
     assert s["holdout_accuracy_gap"] == pytest.approx(0.999 - 0.4995)
 
 
-def row(gap, ratio, qualifies=True, collapses=0, search_s=5.0, fine_s=100.0, valley_gap=0.1, se=0.05):
+def test_the_grid_best_picked_on_the_other_seeds_is_scored_on_the_seed_left_out(score):
+    # three seeds at three rates; accuracy is 1 - loss, so both picks agree
+    losses = {0.001: (0.20, 0.12, 0.15), 0.01: (0.10, 0.20, 0.15), 0.1: (0.30, 0.30, 0.10)}
+    fine = [run(lr, s, 1 - loss, loss) for lr, seeds in losses.items() for s, loss in zip((1, 2, 3), seeds, strict=True)]
+    held = score.seed_held_out_best(fine, 10)
+    # seed 1 out: seeds 2, 3 pick 0.001 (0.135), seed 1 scores it 0.20; seed 2 out: 0.01 (0.125), 0.20;
+    # seed 3 out: 0.01 (0.15), 0.15
+    assert [p["loss_lr"] for p in held["picks"]] == [0.001, 0.01, 0.01]
+    assert [p["accuracy_lr"] for p in held["picks"]] == [0.001, 0.01, 0.01]
+    assert held["holdout_loss"] == pytest.approx((0.20 + 0.20 + 0.15) / 3)
+    assert held["holdout_accuracy"] == pytest.approx(1 - (0.20 + 0.20 + 0.15) / 3)
+    # in sample the best is 0.01 at 0.15: the lowest of three noisy means, biased low
+    chosen = [run(0.005, s, 0.835, 0.165) for s in (1, 2, 3)]
+    s = score.combo_scores(fine, chosen, {}, 10)
+    assert s["best_holdout_loss"] == pytest.approx(0.15) and s["holdout_loss_ratio"] == pytest.approx(1.1)
+    assert s["holdout_loss_ratio_seed_held_out"] == pytest.approx(0.165 / (0.55 / 3))
+    assert s["holdout_accuracy_gap"] == pytest.approx(0.85 - 0.835)
+    assert s["holdout_accuracy_gap_seed_held_out"] == pytest.approx((1 - 0.55 / 3) - 0.835)
+    assert s["seed_held_out_best"] == held
+    # one seed, or a pick with no run on the seed left out: no figure
+    assert score.seed_held_out_best([r for r in fine if r["seed"] == 1], 10) is None
+    assert score.seed_held_out_best([r for r in fine if (r["lr"], r["seed"]) != (0.001, 1)], 10) is None
+    alone = score.combo_scores([r for r in fine if r["seed"] == 1], chosen, {}, 10)
+    assert alone["holdout_loss_ratio_seed_held_out"] is None and alone["holdout_accuracy_gap_seed_held_out"] is None
+    # the ratio needs a qualifying best loss, as the in-sample one does
+    tiny = score.combo_scores([{**r, "holdout_loss": r["holdout_loss"] / 10} for r in fine], chosen, {}, 10)
+    assert tiny["holdout_loss_ratio_seed_held_out"] is None and tiny["holdout_accuracy_gap_seed_held_out"] is not None
+
+
+def row(gap, ratio, qualifies=True, collapses=0, search_s=5.0, fine_s=100.0, valley_gap=0.1, se=0.05, held=(None, None)):
     return {"holdout_accuracy_gap": gap, "holdout_loss_ratio": ratio if qualifies else None, "best_holdout_loss_se": se,
+            "holdout_accuracy_gap_seed_held_out": held[0], "holdout_loss_ratio_seed_held_out": held[1] if qualifies else None,
             "loss_ratio_qualifies": qualifies, "train_loss_ratio": 1.0, "collapses": collapses, "chosen_seeds": 2,
             "search_s": search_s, "fine_grid_s": fine_s, "fastai_valley_holdout_accuracy_gap": valley_gap}
 
 
 def test_a_set_summary_takes_medians_and_maxima_and_counts_the_qualifying_ratios(score):
-    rows = [row(0.001, 1.02), row(-0.002, 0.98, se=0.12), row(0.004, 1.10, search_s=15.0, se=0.08),
-            row(0.02, 5.0, qualifies=False, se=0.9)]
+    rows = [row(0.001, 1.02, held=(-0.001, 0.97)), row(-0.002, 0.98, se=0.12, held=(-0.004, 0.95)),
+            row(0.004, 1.10, search_s=15.0, se=0.08, held=(0.002, 1.04)), row(0.02, 5.0, qualifies=False, se=0.9, held=(0.006, 4.0))]
     s = score.summarise(rows)
     assert s["combinations"] == 4
     assert s["holdout_accuracy_gap_median"] == pytest.approx(0.0025) and s["holdout_accuracy_gap_max"] == 0.02
@@ -119,6 +149,15 @@ def test_a_set_summary_takes_medians_and_maxima_and_counts_the_qualifying_ratios
     assert s["fastai_valley_holdout_accuracy_gap_median"] == pytest.approx(0.1)
     assert s["lightning_holdout_accuracy_gap_median"] is None  # no figures for it
     assert score.misses(s) == ["holdout_accuracy_gap_max"]
+    # against the best picked on the other seeds: the same medians and maxima of its figures
+    assert s["holdout_accuracy_gap_seed_held_out_median"] == pytest.approx(0.0005)
+    assert s["holdout_accuracy_gap_seed_held_out_max"] == 0.006
+    assert (s["holdout_loss_ratio_seed_held_out_median"], s["holdout_loss_ratio_seed_held_out_max"]) == (0.97, 1.04)
+    view = score.seed_held_out_view(s)
+    assert view["holdout_accuracy_gap_max"] == 0.006 and view["holdout_loss_ratio_median"] == 0.97
+    assert score.misses(view) == [] and s["holdout_accuracy_gap_max"] == 0.02  # the summary itself is unchanged
+    assert score.misses(score.seed_held_out_view(score.summarise([row(0.0, 1.0)]))) == [
+        "holdout_accuracy_gap_median", "holdout_accuracy_gap_max", "holdout_loss_ratio_median", "holdout_loss_ratio_max"]
     assert score.misses({**s, "collapses": 1, "cost_vs_grid": 0.2}) == [
         "holdout_accuracy_gap_max", "cost_vs_grid", "collapses"]
 

@@ -248,7 +248,13 @@ def test_lr_search(tmp_path, full_core_pool):
     assert number(line["cost_vs_grid"], 0.001, 100) and line["cost_vs_grid"] <= line["cost_vs_grid_max"] + 1e-9
     assert line["collapses"] in (0, 1, 2) and isinstance(line["goals_missed"], list)
     assert line["combinations"] == 1 and line["reporting_combos"] == ["wide_mlp-128-sgd"]
-    assert line["tuning"] == {"combinations": 0, "goals_missed": None} and line["tuning_combos"] == []
+    assert line["tuning"] == {"combinations": 0, "goals_missed": None, "goals_missed_seed_held_out": None}
+    assert line["tuning_combos"] == []
+    # one grid point: whichever seed is left out, the other seeds pick it, so the seed-held-out best
+    # is that point's mean over the seeds, the in-sample best
+    assert line["holdout_loss_ratio_seed_held_out_max"] == line["holdout_loss_ratio_max"]
+    assert line["holdout_accuracy_gap_seed_held_out_max"] == line["holdout_accuracy_gap_max"]
+    assert isinstance(line["goals_missed_seed_held_out"], list)
     assert line["seeds"] == [1, 2] and line["epochs"] == 1 and 0 < line["rows_train"] < 1500
     (row,) = json.loads((tmp_path / "runs.json").read_text())
     assert row["combo"] == "wide_mlp-128-sgd" and row["set"] == "reporting"
