@@ -3,7 +3,7 @@ held-out rows, on combinations the rule was never tuned on.
 
 Run in the trainer environment::
 
-    .venv-trainer/bin/python bench/lr_search.py [--reporting all] [--tuning all] [--seeds 1,2] \
+    .venv-trainer/bin/python bench/lr_search.py [--reporting all] [--tuning all] [--seeds 1,2,3] \
         [--rows-per-day 8000] [--epochs 2] [--out DIR]
 
 Combinations are model x global batch x optimizer, in two disjoint sets:
@@ -186,7 +186,7 @@ def main() -> None:
     p.add_argument("--reporting", default="all", help="reporting combinations: all, N (the first N), none, or "
                    "model-batch-optimizer,... (default: %(default)s, " + str(len(REPORTING)) + ")")
     p.add_argument("--tuning", default="all", help="tuning combinations, as --reporting (default: all " + str(len(TUNING)) + ")")
-    p.add_argument("--seeds", default="1,2", help="training seeds, at least 2 (default: %(default)s)")
+    p.add_argument("--seeds", default="1,2,3", help="training seeds, at least 2 (default: %(default)s)")
     p.add_argument("--reference-seeds", type=int, default=1,
                    help="train the references' rates on the first N seeds (default: %(default)s)")
     p.add_argument("--rows-per-day", type=int, default=8000, help="sample rows per day, 3 days (default: %(default)s)")
