@@ -172,7 +172,7 @@ def summary_line(seconds: dict, costs: dict, quota_enforced: bool, batches: list
         **{k: first[k] for k in ("with_vs_without", "across_runs", "save_ms", "checkpoint_ms", "histograms_ms", "after_ms")},
         "every": args.every[0],
         "by_every": by_every,
-        "seconds_without": round(statistics.median(seconds[NEVER]), 2),
+        "seconds_without": round(statistics.median(seconds[NEVER]), 3),
         "steps": args.steps,
         "global_batch": args.global_batch,
         "batches": batches,
