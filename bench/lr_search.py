@@ -158,6 +158,18 @@ def table(rows: list[dict], title: str) -> str:
     return "\n".join(out)
 
 
+def judged(summary: dict) -> dict:
+    """A set's summary with the goals it misses, against the in-sample best (``goals_missed``) and
+    the seed-held-out one (``goals_missed_seed_held_out``); None for an empty set.  With no loss
+    ratio to judge, the ratio's goals are neither missed nor met."""
+    for key, view in (("goals_missed", summary), ("goals_missed_seed_held_out", seed_held_out_view(summary))):
+        missed = misses(view, GOALS) if summary["combinations"] else None
+        if missed and summary.get("holdout_loss_ratio_combos") == 0:
+            missed = [k for k in missed if not k.startswith("holdout_loss_ratio")]
+        summary[key] = missed
+    return summary
+
+
 def parse_combos(text: str, default: list[tuple], option: str) -> list[tuple]:
     """``all``, ``none``, a count (the first N of the default list) or model-batch-optimizer,...."""
     if text == "all":
@@ -245,13 +257,7 @@ def main() -> None:
         print(table(rep, "REPORTING set (the headline figures)"))
     if tun:
         print(table(tun, "TUNING set (the rule may be tuned on these; not the headline)"))
-    summary = summarise(rep, REFERENCES)
-    tuning_summary = summarise(tun, REFERENCES)
-    for rows_, summary_ in ((rep, summary), (tun, tuning_summary)):
-        for key, view in (("goals_missed", summary_), ("goals_missed_seed_held_out", seed_held_out_view(summary_))):
-            summary_[key] = misses(view, GOALS) if rows_ else None
-            if summary_.get("holdout_loss_ratio_combos") == 0:  # no loss ratio to judge: not a miss, not met
-                summary_[key] = [k for k in summary_[key] if not k.startswith("holdout_loss_ratio")]
+    summary, tuning_summary = judged(summarise(rep, REFERENCES)), judged(summarise(tun, REFERENCES))
     summary.update(tuning=tuning_summary, seeds=seeds, reference_seeds=seeds[:args.reference_seeds], epochs=args.epochs, rows_train=bench.preload["rows_train"],
                    rows_holdout=bench.preload.get("rows_holdout"), min_best_loss=MIN_BEST_LOSS,
                    reporting_combos=[r["combo"] for r in rep], tuning_combos=[r["combo"] for r in tun])

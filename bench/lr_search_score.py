@@ -117,12 +117,11 @@ def seed_held_out_best(runs: Sequence[dict], num_classes: int) -> dict | None:
     for s in seeds:
         others = point_means([r for r in runs if r["seed"] != s], num_classes)
         by_loss, by_acc = best_by_loss(others)["lr"], best_by_accuracy(others)["lr"]
-        mine = {rate_key(r["lr"]): r for r in runs if r["seed"] == s}
+        mine = {p["lr"]: p for p in point_means([r for r in runs if r["seed"] == s], num_classes)}
         if by_loss not in mine or by_acc not in mine:
             return None
-        losses.append(_finite_or_inf(mine[by_loss].get("holdout_loss")))
-        acc = mine[by_acc].get("holdout_accuracy")
-        accs.append(acc if acc is not None and math.isfinite(acc) else 0.0)
+        losses.append(mine[by_loss]["holdout_loss"])
+        accs.append(mine[by_acc]["holdout_accuracy"])
         picks.append({"seed": s, "loss_lr": by_loss, "accuracy_lr": by_acc})
     return {"holdout_loss": _mean(losses), "holdout_accuracy": statistics.fmean(accs), "picks": picks}
 
@@ -244,4 +243,3 @@ def seed_held_out_view(summary: dict) -> dict:
         for stat in ("median", "max"):
             view[f"{name}_{stat}"] = summary.get(f"{name}_seed_held_out_{stat}")
     return view
-
