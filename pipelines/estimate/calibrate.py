@@ -34,7 +34,7 @@ from pipelines.models import build_model
 from pipelines.spec import SpecError, load_pool, load_spec
 from pipelines.stores.profile_bank import ProfileBank, device_key, features_key
 from pipelines.stores.rundir import input_key, write_json
-from pipelines.sync.step import make_optimizer
+from pipelines.sync.step import densify, make_optimizer
 
 log = logging.getLogger(__name__)
 
@@ -103,7 +103,7 @@ def standalone_step(model: Any, optimizer: str) -> Any:
     def step(x, y):
         with tf.GradientTape() as tape:
             loss = loss_fn(y, model(x, training=True))
-        grads = tape.gradient(loss, model.trainable_variables)
+        grads = densify(tape.gradient(loss, model.trainable_variables))  # as training applies them
         opt.apply_gradients(zip(grads, model.trainable_variables))
         return loss
 

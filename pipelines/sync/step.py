@@ -49,6 +49,21 @@ def make_optimizer(name: str, learning_rate: float):
     return tf.keras.optimizers.SGD(learning_rate=learning_rate, momentum=0.9)
 
 
+def densify(gradients) -> list:
+    """The gradients with every ``tf.IndexedSlices`` (an ``Embedding``'s) made dense.
+
+    Horovod would allgather IndexedSlices: every rank's looked-up rows, N times the rows a batch
+    looks up, which for a batch that looks up many tokens is more than the table itself.  Dense,
+    an embedding's gradient is averaged like any other, the cost the planner prices (a ring
+    allreduce of the parameters), and the optimizer applies it densely.  Every training path does
+    this (this step, the parameter-server workers' push: ``pipelines.train.ps_server.dense``), and
+    so does the standalone step that the sweep and calibration time
+    (``pipelines.estimate.calibrate.standalone_step``), or they would time a sparse apply that no
+    training runs."""
+    tf = load_tensorflow()
+    return [tf.convert_to_tensor(g) if isinstance(g, tf.IndexedSlices) else g for g in gradients]
+
+
 class Steps(NamedTuple):
     """``compute(x, y, weight) -> (stats, checksum)``: forward and backward only (calibration).
     ``train(x, y, weight, lr) -> (averaged stats, compute_s, wait_s)``: one synchronous step."""
@@ -81,13 +96,9 @@ def build_steps(model, optimizer, hvd, shape: Sequence[int], mean: float, std: f
         with tf.control_dependencies(grads + [stats]):
             t1 = tf.timestamp()
         with tf.control_dependencies([t1]):
-            # allreduce: one fused average of every gradient plus the loss and accuracy figures.
-            # An embedding's gradient comes as IndexedSlices, which Horovod would allgather (every
-            # rank's rows, N times the looked-up rows, more than the table itself for a batch that
-            # looks up many tokens); made dense it is averaged like any other gradient, the cost the
-            # planner prices (a ring allreduce of the parameters).
-            dense = [tf.convert_to_tensor(g) if isinstance(g, tf.IndexedSlices) else g for g in grads]
-            reduced = hvd.grouped_allreduce(dense + [stats], op=hvd.Average)
+            # allreduce: one fused average of every gradient plus the loss and accuracy figures
+            # (an embedding's made dense first: densify()).
+            reduced = hvd.grouped_allreduce(densify(grads) + [stats], op=hvd.Average)
         optimizer.learning_rate.assign(lr)
         applied = optimizer.apply_gradients(zip(reduced[:-1], model.trainable_variables))
         with tf.control_dependencies(reduced + [applied]):  # after the allreduce has delivered

@@ -49,6 +49,7 @@ from __future__ import annotations
 from typing import Any, NamedTuple
 
 from pipelines.core.imports import load_tensorflow
+from pipelines.sync.step import densify
 from pipelines.train.ps_clock import Clocks
 
 # What an update returns, in this order (one float64 vector), followed by every worker's clock as
@@ -403,9 +404,8 @@ def dense(gradients) -> list:
     embedding's width, which for ``embedding_net`` (each feature looked up once per row, ``levels``
     table rows per feature) is b / ``levels`` times the table itself.  Dense, an update sends the
     table's size, as for any other variable and as the planner prices it, and a user's combiner
-    sees only dense gradients.  (The Horovod step densifies for a like reason: ``pipelines.sync.step``.)"""
-    tf = _tf()
-    return [tf.convert_to_tensor(g) if isinstance(g, tf.IndexedSlices) else g for g in gradients]
+    sees only dense gradients.  (The Horovod step densifies for a like reason: ``pipelines.sync.step.densify``.)"""
+    return densify(gradients)
 
 
 def lock_free(combine) -> bool:

@@ -100,3 +100,26 @@ def test_run_calibration_failures_name_the_device_and_show_the_output(tmp_path):
         _calibrate_with(tmp_path, "print('no profile')")  # exits 0 without writing one
     with pytest.raises(StageFailure, match=r"'slow' took longer than 1 s"):  # retried: exit 3
         _calibrate_with(tmp_path, "import time; time.sleep(30)", timeout_s=1.0)
+
+
+def test_the_standalone_step_applies_an_embeddings_gradient_dense_as_training_does():
+    """The sweep and calibration time ``standalone_step``; every training path makes an
+    embedding's IndexedSlices gradient dense before the apply (``pipelines.sync.step.densify``).
+    Applied sparse, SGD's momentum is a scatter into the table, which no training runs and which
+    timed up to 2.6x slower on a 1.5M-parameter table at B = 160 (bench/README.md)."""
+    import numpy as np
+
+    from pipelines.core.imports import load_tensorflow
+    from pipelines.estimate.calibrate import standalone_step
+    from pipelines.models import build_model
+
+    tf = load_tensorflow()
+    model = build_model("embedding_net", (4, 4, 1), 10, {"levels": 4, "dim": 3, "dense": []})
+    step = standalone_step(model, "sgd")
+    ops = {op.type for op in step.get_concrete_function().graph.get_operations()}
+    assert not {o for o in ops if "Scatter" in o}, ops  # no sparse apply into the table or its slot
+    table = model.trainable_variables[0]
+    before = table.numpy().copy()
+    rng = np.random.default_rng(0)
+    step(tf.constant(rng.standard_normal((8, 4, 4, 1)).astype("float32")), tf.constant(rng.integers(0, 10, 8).astype("int32")))
+    assert not np.allclose(table.numpy(), before)  # and the table still learns
