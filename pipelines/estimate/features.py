@@ -30,6 +30,22 @@ channels under 4 (a first layer's 1 or 3) are not rounded: such an input is read
 Measured on the sweep's CNNs with 8 filters, this is why they ran 1.5-2 times slower per FLOP
 than those with 16 or more.  The laws weigh these FLOPs beside the plain ones, so cross-validation
 finds the width a device type has, or none.
+
+The convs' backprop workspace (``conv_workspace_bytes``, per model, not per sample) is the
+largest scratch buffer that TensorFlow's own CPU kernels for a ``Conv2D``'s (and a ``Conv1D``'s,
+which runs as a ``Conv2D`` of height 1) gradient allocate.  They run where oneDNN is off:
+TensorFlow's default on CPUs without AVX-512 VNNI, BF16 or AMX, and wherever
+``TF_ENABLE_ONEDNN_OPTS=0``; oneDNN's kernels take no such buffer, so the law's coefficient of this
+feature is a device type's own (about 1 or more without oneDNN, 0 with it).  TensorFlow's kernels
+im2col a shard of the batch into a buffer sized to a 30 MiB working set, whatever the batch.  Per image the gradient's matmul touches
+``A = P · k_h · k_w · C_in`` floats of columns, ``P · C_out`` of output gradient and ``k_h · k_w ·
+C_in · C_out`` of kernel (``P`` output positions); the shard is ``⌈30 MiB / 4 / (A + B + C)⌉``
+images and the buffer that many times ``A`` floats.  So a small conv layer reserves up to 30 MiB
+at any batch: measured with one such layer, the step's peak was the formula's to 1-5% (with
+oneDNN on, 0.03 MB against 6.7 at B = 1), and in sweeps of every kind the CNNs, residual and separable CNNs held 20-35 MB more at B = 16 than their
+parameters and activations explain, which a memory law without this term put on every model.
+(The allocator then hands a request over 16 MiB a whole 32 MiB chunk in most processes measured,
+which the law's coefficient absorbs on average; a GPU's cuDNN workspace follows other rules.)
 """
 
 from __future__ import annotations
@@ -116,6 +132,24 @@ def vector_conv_flops(layer: Any, width: int) -> int:
     return 2 * conv_macs(layer, width) if layer.__class__.__name__ in BLOCKED_CONV_KINDS else 0
 
 
+CONV_GRAD_WORKING_SET_FLOATS = (30 << 20) // BYTES_PER_FLOAT  # TensorFlow's CPU conv gradient kernels
+
+
+def conv_workspace_bytes(layer: Any) -> int:
+    """The im2col buffer that a ``Conv2D``'s or ``Conv1D``'s gradient allocates on the CPU (see the
+    module docstring), in bytes; 0 for any other layer."""
+    kind = layer.__class__.__name__
+    if kind not in {"Conv2D", "Conv1D"}:
+        return 0
+    window = math.prod(int(k) for k in layer.kernel_size)
+    cout = int(layer.output_shape[-1])
+    positions = _size(layer.output_shape) // cout
+    columns = positions * window * (int(layer.input_shape[-1]) // int(getattr(layer, "groups", 1) or 1))
+    work_unit = columns + positions * cout + window * int(layer.input_shape[-1]) * cout
+    shard = -(-CONV_GRAD_WORKING_SET_FLOATS // work_unit)
+    return shard * columns * BYTES_PER_FLOAT
+
+
 def _activated(layer: Any) -> bool:
     """Whether ``layer`` applies a non-linear activation of its own (``activation=`` not linear)."""
     activation = getattr(layer, "activation", None)
@@ -144,8 +178,8 @@ def model_features(model: Any) -> dict[str, Any]:
     ``num_layers``, ``conv_filters`` (list, in order), ``dense_units`` (list, in order),
     ``input_size`` (elements per sample), ``output_size``, ``flops_per_sample`` (forward),
     ``train_flops_per_sample`` (≈ 3× forward), ``activation_bytes_per_sample`` (sum of every
-    layer's output size × 4 bytes, input included), the layer mix and the conv FLOPs at each vector
-    width of the module docstring.
+    layer's output size × 4 bytes, input included), the layer mix, the conv FLOPs at each vector
+    width and the convs' backprop workspace of the module docstring.
     """
     import numpy as np
 
@@ -154,7 +188,7 @@ def model_features(model: Any) -> dict[str, Any]:
     params = int(model.count_params())
     trainable = int(sum(int(np.prod(w.shape)) for w in model.trainable_weights))
     input_size = _size(model.input_shape)
-    flops = conv_flops = dense_flops = depthwise_flops = 0
+    flops = conv_flops = dense_flops = depthwise_flops = workspace = 0
     norm_elems = activated_elems = embedding_elems = embedding_params = 0
     vector_flops = dict.fromkeys(SIMD_WIDTHS, 0)
     activations = input_size
@@ -173,6 +207,7 @@ def model_features(model: Any) -> dict[str, Any]:
         for width in SIMD_WIDTHS:
             vector_flops[width] += vector_conv_flops(layer, width)
         activations += out
+        workspace = max(workspace, conv_workspace_bytes(layer))  # one layer's gradient at a time
         norm_elems += out if kind in NORM_KINDS else 0
         activated_elems += out if kind != "Activation" and _activated(layer) else 0
         if kind == "Embedding":
@@ -210,5 +245,6 @@ def model_features(model: Any) -> dict[str, Any]:
         "embedding_bytes_per_sample": int(embedding_elems * BYTES_PER_FLOAT),
         # training FLOPs of the convs with their channels rounded up to a vector width
         **{f"conv_flops_simd{w}_per_sample": int(TRAIN_FLOPS_FACTOR * vector_flops[w]) for w in SIMD_WIDTHS},
+        "conv_workspace_bytes": int(workspace),  # per model: the largest conv gradient's scratch buffer
     }
 

@@ -16,9 +16,9 @@ saw.  The candidate with the lowest mean absolute percentage error wins; its sco
 candidate's are reported.
 
 The laws that use the optional columns need them, and rows written before them lack them.  There
-are two tiers (:data:`pipelines.stores.profile_bank.OPTIONAL_TIERS`): the layer mix (the bytes out
+are three tiers (:data:`pipelines.stores.profile_bank.OPTIONAL_TIERS`): the layer mix (the bytes out
 of normalisation layers, of layers with a fused activation and of embedding lookups), then the
-conv FLOPs at a vector width (:mod:`pipelines.estimate.features`).  For the richest tier first: a
+conv FLOPs at a vector width, then the convs' backprop workspace (:mod:`pipelines.estimate.features`).  For the richest tier first: a
 device type whose rows all have its columns and those of the tiers before gets every candidate
 that uses them; one with rows of at least :data:`MIN_TIER_MODELS` models that have them, and at
 least half of its models, fits on those alone (its older rows still correct their own model's
@@ -83,6 +83,11 @@ MEMORY_LAWS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "params+activations+input+activated+embedding": (("params",), ("activation_bytes_per_sample", "input_size",
                                                                    "activated_bytes_per_sample",
                                                                    "embedding_bytes_per_sample")),
+    # the scratch buffer a conv's gradient takes on the CPU, up to 30 MiB at any batch
+    "params+workspace+activations+input+activated+embedding": (("params", "conv_workspace_bytes"),
+                                                               ("activation_bytes_per_sample", "input_size",
+                                                                "activated_bytes_per_sample",
+                                                                "embedding_bytes_per_sample")),
 }
 TRACE_LAWS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "layers": (("num_layers",), ()),

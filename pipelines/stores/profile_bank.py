@@ -66,6 +66,8 @@ STEP_COLUMNS: dict[str, tuple[str, bool]] = {
     # The conv FLOPs at a vector width (optional as well: rows written before them lack them)
     "conv_flops_simd8_per_sample": ("float64", False),
     "conv_flops_simd16_per_sample": ("float64", False),
+    # The convs' backprop workspace (optional too; pipelines.estimate.features)
+    "conv_workspace_bytes": ("int64", False),
     "threads": ("int64", False),
     "cpu_share": ("float64", False),
     "kind": ("string", True),  # sweep | calibration | run
@@ -115,9 +117,12 @@ LAYER_MIX = ("norm_layers", "merge_layers", "global_pool_layers", "embedding_par
              "depthwise_flops_per_sample", "norm_bytes_per_sample", "activated_bytes_per_sample",
              "embedding_bytes_per_sample")
 VECTOR_FLOPS = ("conv_flops_simd8_per_sample", "conv_flops_simd16_per_sample")
+# Rows with it were also swept with an embedding's gradient applied dense, as training applies it
+# (pipelines.estimate.calibrate.standalone_step), so the tier also leaves the older sparse timings out.
+WORKSPACE = ("conv_workspace_bytes",)
 # The optional structural columns, by the tiers the laws use them in (pipelines.estimate.regress):
 # each tier needs the columns of those before it.
-OPTIONAL_TIERS = (LAYER_MIX, VECTOR_FLOPS)
+OPTIONAL_TIERS = (LAYER_MIX, VECTOR_FLOPS, WORKSPACE)
 OPTIONAL = tuple(k for tier in OPTIONAL_TIERS for k in tier)
 POSITIVE = {"step_s", "batch", "params", "input_size", "train_flops_per_sample", "predicted_s", "actual_s",
             "latency_s", "bandwidth_bps", "ranks"}  # fields that must be > 0
@@ -180,7 +185,7 @@ def has_columns(row: dict[str, Any], columns: tuple[str, ...]) -> bool:
 
 def complete_steps(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """``rows`` with the optional columns (:data:`OPTIONAL_TIERS`: the layer mix, the vector-width
-    FLOPs) filled, a tier at a time, where a row lacks them (written before they existed) from a
+    FLOPs, the convs' workspace) filled, a tier at a time, where a row lacks them (written before they existed) from a
     newer row of the same model (``model_key``, the same structure); a row with no such twin keeps
     them missing (pipelines.estimate.regress then decides what it is used for)."""
     for tier in OPTIONAL_TIERS:

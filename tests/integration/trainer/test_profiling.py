@@ -93,3 +93,48 @@ def test_the_allreduce_probe_stores_the_pools_link(tmp_path):
     assert 0 <= link["trace_per_variable_s"] == result["trace_per_variable_s"] < 1.0
     assert_quota_enforced(result["quota_enforced"])  # the link as the slow device's quota makes it
     assert link["measured_on"] == result["measured_on"] == "slow"  # paid at the slowest rank's speed
+
+
+WORKSPACE_PROBE = """
+import json
+from pipelines.core.imports import load_tensorflow
+tf = load_tensorflow()
+from pipelines.estimate.calibrate import standalone_step
+from pipelines.estimate.features import model_features
+from pipelines.estimate.sweep import MemoryMeter
+meter = MemoryMeter(tf)
+def build(filters):
+    inputs = tf.keras.layers.Input((16, 16, 1))
+    x = tf.keras.layers.GlobalAveragePooling2D()(tf.keras.layers.Conv2D(filters, 3, padding="same", activation="relu")(inputs))
+    return tf.keras.Model(inputs, tf.keras.layers.Dense(10)(x))
+# a first model loads the kernels and thread pools, which would count as the next one's memory: the
+# sweep leaves its first model unrecorded for that reason
+standalone_step(build(4), "sgd")(tf.zeros((1, 16, 16, 1)), tf.zeros((1,), tf.int32)).numpy()
+meter.idle()
+model = build(32)
+step, peaks = standalone_step(model, "sgd"), {}
+for b in (1, 8):
+    meter.start()
+    step(tf.zeros((b, 16, 16, 1)), tf.zeros((b,), tf.int32)).numpy()
+    peaks[b] = meter.peak()
+print(json.dumps({"workspace": model_features(model)["conv_workspace_bytes"], "peaks": peaks}))
+"""
+
+
+def test_a_conv_steps_peak_memory_is_its_gradients_workspace_at_any_batch():
+    """The sweep's own meter, in a process set up as the sweep's child: one conv layer of 16x16x1
+    into 32 filters reserves 6.7 MB for its gradient's columns (pipelines.estimate.features) at
+    B = 1 as at B = 8, against some 10 KB of parameters and 33 KB of activations a sample."""
+    from pipelines.estimate.sweep import CHILD_ENV
+
+    # TensorFlow's own kernels, which take the buffer, are the default only on CPUs without AVX-512
+    # VNNI, BF16 or AMX (oneDNN's, elsewhere, take none): asked for, so the rule is checked on any CPU
+    env = {**os.environ, **CHILD_ENV, "PYTHONPATH": str(ROOT), "TF_CPP_MIN_LOG_LEVEL": "2", "TF_ENABLE_ONEDNN_OPTS": "0"}
+    proc = subprocess.run([sys.executable, "-c", WORKSPACE_PROBE], capture_output=True, text=True, env=env, cwd=ROOT,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    workspace, peaks = out["workspace"], {int(b): p for b, p in out["peaks"].items()}
+    assert workspace == 4 * 730 * 2304  # by hand: (30 MiB / 4) / (2304 + 8192 + 288) images of 2304 floats
+    assert 0.9 * workspace <= peaks[1] <= 1.15 * workspace, peaks
+    assert 0.9 * workspace <= peaks[8] <= 1.25 * workspace, peaks

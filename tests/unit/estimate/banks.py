@@ -6,7 +6,7 @@ from __future__ import annotations
 import random
 
 from pipelines.spec import load_pool
-from pipelines.stores.profile_bank import LAYER_MIX, VECTOR_FLOPS, ProfileBank, device_key, now
+from pipelines.stores.profile_bank import LAYER_MIX, VECTOR_FLOPS, WORKSPACE, ProfileBank, device_key, now
 
 BANK_POOL = {
     "device_types": [
@@ -26,7 +26,7 @@ def random_model(i: int, rng: random.Random) -> dict:
          "num_layers": rng.randint(3, 14), "conv_layers": 2, "dense_layers": 2, "conv_filters": 48, "dense_units": 96,
          "input_size": 784, "train_flops_per_sample": conv + dense, "conv_flops_per_sample": conv,
          "dense_flops_per_sample": dense, "activation_bytes_per_sample": rng.uniform(1e3, 4e5)}
-    return {**m, **layer_mix(m, rng), **vector_flops(i, conv)}
+    return {**m, **layer_mix(m, rng), **vector_flops(i, conv), **workspace(i)}
 
 
 def vector_flops(i: int, conv: float) -> dict:
@@ -36,6 +36,13 @@ def vector_flops(i: int, conv: float) -> dict:
     rng = random.Random(f"vector-{i}")
     simd8 = conv * rng.uniform(1.0, 1.5)
     return {"conv_flops_simd8_per_sample": simd8, "conv_flops_simd16_per_sample": simd8 * rng.uniform(1.0, 1.4)}
+
+
+def workspace(i: int) -> dict:
+    """The convs' backprop workspace (pipelines.stores.profile_bank.WORKSPACE) of a synthetic model:
+    up to 30 MiB, none for a fifth of them (drawn from a generator of the model's own)."""
+    rng = random.Random(f"workspace-{i}")
+    return {"conv_workspace_bytes": 0 if rng.random() < 0.2 else rng.randint(2 << 20, 30 << 20)}
 
 
 def layer_mix(m: dict, rng: random.Random) -> dict:
@@ -79,7 +86,7 @@ def job_features() -> dict:
     return {"layers": {"Conv2D": 2, "Dense": 2}, "conv_filters": [16, 32], "dense_units": [64, 32],
             **{k: m[k] for k in ("params", "num_layers", "input_size", "train_flops_per_sample", "conv_flops_per_sample",
                                  "dense_flops_per_sample", "activation_bytes_per_sample", *LAYER_MIX,
-                                 *VECTOR_FLOPS)}}
+                                 *VECTOR_FLOPS, *WORKSPACE)}}
 
 
 def bank_for_pool(tmp_path, launcher="local"):

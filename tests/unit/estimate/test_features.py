@@ -126,3 +126,33 @@ def test_conv_flops_at_a_vector_width_round_channels_up_by_hand():
     plain = 2 * positions * 32 * 16
     assert wide["conv_flops_simd8_per_sample"] == wide["conv_flops_simd16_per_sample"] == 3 * plain
     assert wide["conv_flops_per_sample"] == 3 * (plain + positions * 32)
+
+
+def test_the_convs_backprop_workspace_follows_tensorflows_rule_by_hand():
+    """The im2col buffer of a conv's gradient on the CPU: shard = ceil(30 MiB / 4 / (A + B + C))
+    images of A floats each, the largest over the layers, whatever the batch; 0 without a conv."""
+    import tensorflow as tf
+
+    from pipelines.estimate.features import model_features
+
+    floats = (30 << 20) // 4
+
+    def by_hand(positions, window, cin, cout):
+        a, b, c = positions * window * cin, positions * cout, window * cin * cout
+        return 4 * -(-floats // (a + b + c)) * a
+
+    model = tf.keras.Sequential([
+        tf.keras.layers.Input(shape=(16, 16, 1)),
+        tf.keras.layers.Conv2D(8, 3, padding="same"),  # 256 positions, window 9: the larger buffer
+        tf.keras.layers.Conv2D(32, 3, strides=2, padding="same"),  # 64 positions, window 72
+        tf.keras.layers.DepthwiseConv2D(3, padding="same"),  # another kernel: no such buffer
+        tf.keras.layers.Flatten(),
+        tf.keras.layers.Dense(10),
+    ])
+    first, second = by_hand(256, 9, 1, 8), by_hand(64, 9, 8, 32)
+    assert first == 4 * 1778 * 2304 and first > second  # 16.4 MB: what one such step measured (test_profiling)
+    assert model_features(model)["conv_workspace_bytes"] == first
+    conv1d = tf.keras.Sequential([tf.keras.layers.Input(shape=(64, 4)), tf.keras.layers.Conv1D(8, 3, padding="same")])
+    assert model_features(conv1d)["conv_workspace_bytes"] == by_hand(64, 3, 4, 8)  # a Conv2D of height 1
+    mlp = tf.keras.Sequential([tf.keras.layers.Input(shape=(16,)), tf.keras.layers.Dense(8)])
+    assert model_features(mlp)["conv_workspace_bytes"] == 0

@@ -93,3 +93,16 @@ def test_rows_without_the_vector_flops_read_them_tier_by_tier_from_a_newer_twin(
     assert (done[0]["conv_flops_simd8_per_sample"], done[0]["conv_flops_simd16_per_sample"]) == (1.0, 2.0)
     assert {k: done[0][k] for k in LAYER_MIX} == {k: mixed[k] for k in LAYER_MIX}  # its own layer mix kept
     assert all(done[1].get(k) is None for k in VECTOR_FLOPS + LAYER_MIX)  # no twin: still missing
+
+
+def test_rows_without_the_convs_workspace_read_it_from_a_newer_twin_and_keep_their_other_tiers():
+    from pipelines.stores.profile_bank import LAYER_MIX, VECTOR_FLOPS, WORKSPACE, complete_steps
+
+    older, bare, new = synthetic_rows("fast", "k", models=3)[::3]
+    older = {k: v for k, v in older.items() if k not in WORKSPACE}  # swept before the workspace column
+    bare = {k: v for k, v in bare.items() if k not in WORKSPACE}
+    twin = {**new, "model_key": older["model_key"], "conv_workspace_bytes": 123}
+    done = complete_steps([older, bare, twin])
+    assert done[0]["conv_workspace_bytes"] == 123
+    assert {k: done[0][k] for k in LAYER_MIX + VECTOR_FLOPS} == {k: older[k] for k in LAYER_MIX + VECTOR_FLOPS}
+    assert done[1].get("conv_workspace_bytes") is None  # no twin: still missing
