@@ -56,7 +56,7 @@ def densify(gradients) -> list:
     looks up, which for a batch that looks up many tokens is more than the table itself.  Dense,
     an embedding's gradient is averaged like any other, the cost the planner prices (a ring
     allreduce of the parameters), and the optimizer applies it densely.  Every training path does
-    this (this step, the parameter-server workers' push: ``pipelines.train.ps_server.dense``), and
+    this (this step, the parameter-server workers' push in ``pipelines.train.ps_server``), and
     so does the standalone step that the sweep and calibration time
     (``pipelines.estimate.calibrate.standalone_step``), or they would time a sparse apply that no
     training runs."""

@@ -396,18 +396,6 @@ class Server:
             return self.lock.execute(critical)[0]
 
 
-def dense(gradients) -> list:
-    """The gradients with every ``tf.IndexedSlices`` (an ``Embedding``'s) made dense, on the worker.
-    The servers would densify it anyway (the fused applies, an accumulator's add and ``dc_asgd``
-    take dense tensors, and TensorFlow converts on the server that holds the variable), but what
-    travels would then be every looked-up row, duplicates included: b × the lookups per row × the
-    embedding's width, which for ``embedding_net`` (each feature looked up once per row, ``levels``
-    table rows per feature) is b / ``levels`` times the table itself.  Dense, an update sends the
-    table's size, as for any other variable and as the planner prices it, and a user's combiner
-    sees only dense gradients.  (The Horovod step densifies for a like reason: ``pipelines.sync.step.densify``.)"""
-    return densify(gradients)
-
-
 def lock_free(combine) -> bool:
     """Whether ``combine`` may run without the servers' lock: it keeps no state between updates
     and always changes the parameters (``combine.lock_free = True``, as the shipped ``plain``
@@ -438,7 +426,11 @@ def build_update(server: Server, model, combine, mode: str, max_staleness: int, 
                 logits = model((x - mean) / std, training=True)
                 n = tf.cast(tf.shape(y)[0], tf.float32)
                 loss = loss_fn(y, logits) / n
-            grads = dense(tape.gradient(loss, server.variables))  # an embedding's sent dense (dense())
+            # An embedding's gradient is made dense on the worker.  Sent as IndexedSlices it would carry
+            # every looked-up row, duplicates included (for embedding_net b / levels times the table),
+            # and the servers would densify it anyway; dense, an update sends the table's size, as the
+            # planner prices it, and a user's combiner sees only dense gradients.
+            grads = densify(tape.gradient(loss, server.variables))
         correct = tf.reduce_sum(tf.cast(tf.equal(tf.argmax(logits, -1, output_type=tf.int32), y), tf.float32))
         if server.reads is not None:
             with tf.control_dependencies([copied]):  # the copy is made before the update is combined
