@@ -114,9 +114,10 @@ def strategy_summary(plan: dict[str, Any]) -> dict[str, Any]:
 
 
 def _to_target(plan: dict[str, Any]) -> float:
-    """The plan's predicted time to the target loss (pipelines.stores.convergence), or its run time."""
+    """The plan's predicted time to the target loss (pipelines.stores.convergence: its run time × its
+    epoch ratio × the fraction of a Horovod run that reaches ``training.target_loss``), or its run time."""
     c = plan.get("convergence")
-    return plan["predicted_total_s"] if c is None else plan["predicted_total_s"] * c["ratio"]
+    return plan["predicted_total_s"] if c is None else plan["predicted_total_s"] * c["ratio"] * c.get("fraction", 1.0)
 
 
 def pick_strategy(timed: list[dict[str, Any]], requested: str) -> dict[str, Any]:
@@ -147,10 +148,14 @@ def _speed(plan: dict[str, Any]) -> str:
     """One plan's run time, speed and (when it differs) time to the target, in words."""
     words = f"{plan['predicted_total_s']:.1f} s ({plan['predicted_samples_per_sec']:.0f} samples/s)"
     c = plan.get("convergence")
-    if c is not None and c["ratio"] != 1.0:
-        words += (" and never reaches the target" if math.isinf(c["ratio"])
-                  else f" × {c['ratio']:.2f} epochs = {_to_target(plan):.1f} s to the target")
-    return words
+    if c is None or (c["ratio"] == 1.0 and c.get("fraction", 1.0) == 1.0):
+        return words
+    if math.isinf(c["ratio"]):
+        return words + " and never reaches the target"
+    if c.get("fraction", 1.0) == 1.0:
+        return words + f" × {c['ratio']:.2f} epochs = {_to_target(plan):.1f} s to the target"
+    return words + (f", reaching training loss {c['target_loss']:.4g} at {c['ratio'] * c['fraction']:.2f} of the run: "
+                    f"{_to_target(plan):.1f} s")
 
 
 def _convergence_why(timed: list[dict[str, Any]]) -> str:

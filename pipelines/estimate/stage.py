@@ -102,7 +102,8 @@ def _input_key(spec: JobSpec, pool: PoolSpec, side_profiles: Path, preload: dict
         spec.dataset.feature_shape,
         spec.dataset.num_classes,
         spec.training.model_dump(include={"epochs", "global_batch", "optimizer", "seed", "checkpoint_every_steps",
-                                          "strategy", "update_mode", "max_staleness", "parameter_servers"}),
+                                          "strategy", "update_mode", "max_staleness", "parameter_servers",
+                                          "combiner", "target_loss"}),  # auto's pick reads both
         spec.deadline_minutes,
         spec.objective,
         spec.launcher,

@@ -43,9 +43,7 @@ class ModelSpec(Strict):
         "a function of input_shape, num_classes and model.kwargs that returns an uncompiled Keras model with "
         "one logit per class.",
     )
-    kwargs: dict[str, Any] = Field(
-        default_factory=dict, description="Keyword arguments passed to the build function."
-    )
+    kwargs: dict[str, Any] = Field(default_factory=dict, description="Keyword arguments passed to the build function.")
 
     @field_validator("name")
     @classmethod
@@ -59,9 +57,7 @@ class PartitionFilter(Strict):
     """Select hive partitions ``<column>=YYYY-MM-DD`` with start <= day < end (end exclusive)."""
 
     start: dt.date | None = Field(None, description="First day included (YYYY-MM-DD); null: no lower bound.")
-    end: dt.date | None = Field(
-        None, description="First day excluded (YYYY-MM-DD), after start; null: no upper bound."
-    )
+    end: dt.date | None = Field(None, description="First day excluded (YYYY-MM-DD), after start; null: no upper bound.")
 
     @model_validator(mode="after")
     def _order(self) -> PartitionFilter:
@@ -194,6 +190,9 @@ class TrainingSpec(Strict):
     parameter_servers: int = Field(
         1, ge=1, le=16, description="Parameter-server strategy: how many servers the variables are sharded over."
     )
+    target_loss: Annotated[float, Field(gt=0)] | None = Field(None, description="strategy auto: the training loss "
+        "the job must reach; auto picks the strategy predicted to reach it first, from the loss curves the bank has "
+        "recorded of both on this model and job. null: the loss the newest Horovod run of the same ended at.")
 
     @field_validator("global_batch")
     @classmethod

@@ -91,6 +91,35 @@ def test_auto_picks_by_time_to_the_target_loss_not_throughput_alone():
     assert chosen["strategy"] == "parameter_server" and "no run of parameter_server/async/plain" in chosen["strategy_reason"]
 
 
+def test_auto_with_a_target_loss_picks_the_strategy_that_reaches_it_first():
+    """With ``training.target_loss`` the same runs can decide the other way: a parameter server that
+    ends 20% above Horovod never reaches Horovod's loss, but reaches 1.0 in a quarter of an epoch
+    where Horovod needs 0.92; every time printed is the time to that loss, not to the end."""
+    from pipelines.stores.convergence import time_to_accuracy
+
+    class Training:
+        update_mode, combiner, max_staleness, target_loss = "async", "plain", 4, None
+
+    best = auto_plan(SMALL_MODEL)
+    plans = [_timed(best), _timed(best.pop("alternative"))]
+    total = {p["strategy"]: p["predicted_total_s"] for p in plans}
+    job = f"/data|B={plans[0]['global_batch']}"
+    hvd = {"pool_key": "pool", "model_key": "m", "job": job, "run": "h", "strategy": "horovod", "epochs": 2.0, "final_loss": 0.5,
+           "curve": "[[0.5, 1.5], [1.0, 0.9], [2.0, 0.5]]", "recorded_at": "2026-11-01"}
+    ps = {**hvd, "run": "a", "strategy": "parameter_server/async/plain", "final_loss": 0.6,
+          "curve": "[[0.25, 0.95], [2.0, 0.6]]", "recorded_at": "2026-11-02"}
+    assert pick_strategy(time_to_accuracy(plans, [hvd, ps], "pool", "m", "/data", Training), "auto")["strategy"] == "horovod"
+    Training.target_loss = 1.0
+    chosen = pick_strategy(time_to_accuracy(plans, [hvd, ps], "pool", "m", "/data", Training), "auto")
+    assert chosen["strategy"] == "parameter_server", chosen["strategy_reason"]
+    e_h = 0.5 + 0.5 * (1.5 - 1.0) / (1.5 - 0.9)
+    assert chosen["strategies"]["horovod"]["time_to_target_s"] == pytest.approx(total["horovod"] * e_h / 2.0, abs=1e-3)
+    assert chosen["strategies"]["parameter_server"]["time_to_target_s"] == pytest.approx(
+        total["parameter_server"] * 0.25 / 2.0, abs=1e-3)
+    assert "reached the target loss 1 in 0.25 epoch(s) against Horovod's 0.92" in chosen["strategy_reason"]
+    assert "reaching training loss 1 at 0.12 of the run" in chosen["strategy_reason"]
+
+
 def test_a_horovod_start_broadcasts_each_variable_at_the_pools_measured_cost():
     """``startup``: a Horovod plan of several ranks pays the probe's per-variable broadcast for each
     of the model's variables, and its fixed wait for the slowest rank's set-up; one rank broadcasts nothing, a parameter-server plan's workers read

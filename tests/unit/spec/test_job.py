@@ -28,6 +28,7 @@ def test_minimal_spec_gets_defaults():
         ({**GOOD, "training": {"epochs": 0}}, r"training\.epochs: .*greater than or equal to 1"),
         ({**GOOD, "training": {"global_batch": "big"}}, r"training\.global_batch"),
         ({**GOOD, "training": {"learning_rate": -1.0}}, r"training\.learning_rate"),
+        ({**GOOD, "training": {"target_loss": 0}}, r"training\.target_loss: .*greater than 0"),
         ({**GOOD, "objective": "speed"}, r"objective: .*'energy', 'cost' or 'time'"),
         ({**GOOD, "model": {"name": "not a model!"}}, r"model\.name: .*package\.module:build_function"),
         ({"training": {}}, r"dataset: required field missing"),

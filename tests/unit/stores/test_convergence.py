@@ -13,6 +13,7 @@ from pipelines.stores.convergence import (
     convergence_row,
     epoch_ratio,
     epochs_to,
+    horovod_fraction,
     job_key,
     loss_curve,
     strategy_label,
@@ -73,6 +74,30 @@ def test_the_epoch_ratio_compares_at_a_loss_both_runs_reached():
     # more than 10% worse: it did not reach Horovod's loss
     never = epoch_ratio([hvd, _row("p", label, [[1.0, 1.0], [3.0, 0.5]])], "pool-1", "m", JOB, label)
     assert math.isinf(never["ratio"]) and never["epochs"] is None and "did not reach Horovod's loss" in never["basis"]
+
+
+def test_a_target_loss_compares_the_runs_where_the_user_needs_them():
+    """``training.target_loss``: the epochs each run took to that loss, which may be early in the run
+    (a parameter server ahead early and 25% worse at the end is faster to 1.0, and never reaches
+    0.45); a target Horovod's run missed takes its whole run as a bound; one neither reached falls
+    back to the loss both reached, and says so."""
+    label = "parameter_server/async/plain"
+    hvd = _row("h", "horovod", [[0.5, 1.2], [1.0, 0.8], [2.0, 0.4]])
+    ps = _row("p", label, [[0.5, 0.9], [1.0, 0.7], [2.0, 0.5]])
+    assert math.isinf(epoch_ratio([hvd, ps], "pool-1", "m", JOB, label)["ratio"])  # no target: Horovod's end
+    early = epoch_ratio([hvd, ps], "pool-1", "m", JOB, label, target=1.0)
+    assert early["ratio"] == pytest.approx(0.5 / 0.75) and early["target_loss"] == 1.0  # 1.2 -> 0.8 over 0.5 epochs
+    assert "reached the target loss 1 in 0.50 epoch(s) against Horovod's 0.75" in early["basis"]
+    assert horovod_fraction([hvd, ps], "pool-1", "m", JOB, 1.0)["fraction"] == pytest.approx(0.75 / 2.0)
+    assert horovod_fraction([hvd, ps], "pool-1", "m", JOB, None)["fraction"] == 1.0
+    late = epoch_ratio([hvd, ps], "pool-1", "m", JOB, label, target=0.45)
+    assert math.isinf(late["ratio"]) and "without reaching the target loss 0.45, which Horovod reached in 1.88" in late["basis"]
+    better = _row("b", label, [[1.0, 0.6], [2.0, 0.3]])
+    bound = epoch_ratio([hvd, better], "pool-1", "m", JOB, label, target=0.35)
+    assert bound["ratio"] == pytest.approx((1.0 + 0.25 / 0.3) / 2.0) and "its 2 epoch(s) stand in" in bound["basis"]
+    assert horovod_fraction([hvd], "pool-1", "m", JOB, 0.35)["fraction"] == 1.0
+    neither = epoch_ratio([hvd, ps], "pool-1", "m", JOB, label, target=0.1)
+    assert math.isinf(neither["ratio"]) and neither["basis"].startswith("neither run reached the target loss 0.1")
 
 
 def test_the_newest_pair_of_the_same_model_and_job_is_used_this_pool_first():
