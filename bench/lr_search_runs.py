@@ -36,7 +36,7 @@ from pipelines.stores.rundir import write_json  # noqa: E402
 
 FAST_SHARE = 0.7  # of the global batch on the fast device (it has 2.5x the slow one's CPU)
 # Model variants the combinations name: the project's example models (pipelines/models/examples.py)
-# with their own arguments.  tiny_mlp and small_cnn are the tuning set's; the others are new to the rule.
+# with their own arguments.  tiny_mlp, small_cnn and pair_cnn are the tuning set's; the others are new to the rule.
 MODELS: dict[str, tuple[str, dict]] = {
     "tiny_mlp": ("tiny_mlp", {}),  # 784-64-10
     "small_cnn": ("small_cnn", {}),  # conv 16, 32; dense 64
@@ -44,6 +44,7 @@ MODELS: dict[str, tuple[str, dict]] = {
     "deep_mlp": ("tiny_mlp", {"hidden": [128, 64]}),  # 784-128-64-10
     "narrow_cnn": ("small_cnn", {"filters": [8, 16], "dense_units": 32}),
     "conv_net": ("conv_net", {"filters": [16], "dense": [32]}),  # one conv block, a smaller head
+    "pair_cnn": ("conv_net", {"filters": [8, 16], "dense": [64]}),  # tuning: a second CNN with SGD at B = 512
 }
 
 
