@@ -20,7 +20,9 @@ nothing is judged on the runs it learned from:
    ``ps`` detail, which only words the reason, is the planner's own
    (``pipelines.estimate.planner.score_ps_candidate``) from each device's standalone step at b in
    the first seed.  Then the stage's own calls: ``time_to_accuracy`` adds each plan's epoch ratio
-   from the bank, ``pick_strategy(timed, "auto")`` picks.
+   from the bank, ``pick_strategy(timed, "auto")`` picks.  The runs' specs carry
+   ``training.target_loss`` = ``--target-loss`` (bench/strategies.py), so the ratio is taken
+   where each curve reached the loss the judgement below uses.
 3. **Judge on the later seeds.**  The pick is compared, seed by seed, with the configuration that
    reached ``--target-loss`` first (``strategies_stats.pick_agreement``).  The prediction uses the
    first seed only, so it is the same for every later seed: the question is whether one seed's
