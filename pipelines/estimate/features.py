@@ -38,12 +38,13 @@ TensorFlow's default on CPUs without AVX-512 VNNI, BF16 or AMX, and wherever
 ``TF_ENABLE_ONEDNN_OPTS=0``; oneDNN's kernels take no such buffer, so the law's coefficient of this
 feature is a device type's own (about 1 or more without oneDNN, 0 with it).  TensorFlow's kernels
 im2col a shard of the batch into a buffer sized to a 30 MiB working set, whatever the batch.  Per
-image the gradient's matmul touches ``A = P · k_h · k_w · C_in`` floats of columns, ``P · C_out`` of output gradient and ``k_h · k_w ·
-C_in · C_out`` of kernel (``P`` output positions); the shard is ``⌈30 MiB / 4 / (A + B + C)⌉``
-images and the buffer that many times ``A`` floats.  So a small conv layer reserves up to 30 MiB
-at any batch: measured with one such layer, the step's peak was the formula's to 1-5% (with
-oneDNN on, 0.03 MB against 6.7 at B = 1), and in sweeps of every kind the CNNs, residual and
-separable CNNs held 20-35 MB more at B = 16 than their parameters and activations explain, which a memory law without this term put on every model.
+image the gradient's matmul touches ``A = P · k_h · k_w · C_in`` floats of columns, ``P · C_out``
+of output gradient and ``k_h · k_w · C_in · C_out`` of kernel (``P`` output positions); the shard
+is ``⌈30 MiB / 4 / (A + B + C)⌉`` images and the buffer that many times ``A`` floats.  So a small
+conv layer reserves up to 30 MiB at any batch: measured with one such layer, the step's peak was
+the formula's to 1-5% (with oneDNN on, 0.03 MB against 6.7 at B = 1), and in sweeps of every kind
+the CNNs, residual and separable CNNs held 20-35 MB more at B = 16 than their parameters and
+activations explain, which a memory law without this term put on every model.
 (The allocator then hands a request over 16 MiB a whole 32 MiB chunk in most processes measured,
 which the law's coefficient absorbs on average; a GPU's cuDNN workspace follows other rules.)
 """

@@ -19,13 +19,14 @@ The laws that use the optional columns need them, and rows written before them l
 are three tiers (:data:`pipelines.stores.profile_bank.OPTIONAL_TIERS`): the layer mix (the bytes out
 of normalisation layers, of layers with a fused activation and of embedding lookups), then the
 conv FLOPs at a vector width, then the convs' backprop workspace (:mod:`pipelines.estimate.features`).
-For the richest tier first: a device type whose rows all have its columns and those of the tiers before gets every candidate
-that uses them; one with rows of at least :data:`MIN_TIER_MODELS` models that have them, and at
-least half of its models, fits on those alone (its older rows still correct their own model's
-prediction, :mod:`pipelines.estimate.predict`); otherwise the next tier down is tried, and at the
-bottom the older candidates fit every row until the device type is profiled again.  The half
-keeps a bank swept before a tier existed on its sweep: the few models that the runs since have
-recorded with the tier's columns are not enough to replace it (a new sweep is).
+For the richest tier first: a device type whose rows all have its columns and those of the tiers
+before gets every candidate that uses them; one with rows of at least :data:`MIN_TIER_MODELS`
+models that have them, and at least half of its models, fits on those alone (its older rows still
+correct their own model's prediction, :mod:`pipelines.estimate.predict`); otherwise the next tier
+down is tried, and at the bottom the older candidates fit every row until the device type is
+profiled again.  The half keeps a bank swept before a tier existed on its sweep: the few models
+that the runs since have recorded with the tier's columns are not enough to replace it (a new
+sweep is).
 """
 
 from __future__ import annotations

@@ -146,7 +146,7 @@ def horovod_fraction(rows: list[dict[str, Any]], pool_key: str, model_key: str, 
     return {"fraction": 1.0, "basis": "no Horovod run of this model and job yet: the whole run stands in"}
 
 
-def _to_target(out: dict[str, Any], where: str, hvd: dict[str, Any], other: dict[str, Any], label: str,
+def _ratio_at(out: dict[str, Any], where: str, hvd: dict[str, Any], other: dict[str, Any], label: str,
                target: float) -> dict[str, Any] | None:
     """The epoch ratio at the user's ``target`` loss (module docstring), or None where neither run
     reached it."""
@@ -188,7 +188,7 @@ def epoch_ratio(rows: list[dict[str, Any]], pool_key: str, model_key: str, job: 
                "final_loss": final_s}
         neither = ""
         if target is not None:
-            if (found := _to_target(out, where, hvd, other, label, target)) is not None:
+            if (found := _ratio_at(out, where, hvd, other, label, target)) is not None:
                 return found
             neither = f"neither run reached the target loss {target:.4g}, so they are compared where both got: "
         if final_s > final_h * (1 + WORSE):

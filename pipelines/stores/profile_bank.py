@@ -186,8 +186,9 @@ def has_columns(row: dict[str, Any], columns: tuple[str, ...]) -> bool:
 def complete_steps(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """``rows`` with the optional columns (:data:`OPTIONAL_TIERS`: the layer mix, the vector-width
     FLOPs, the convs' workspace) filled, a tier at a time, where a row lacks them (written before
-    they existed) from a newer row of the same model (``model_key``, the same structure); a row with no such twin keeps
-    them missing (pipelines.estimate.regress then decides what it is used for)."""
+    they existed) from a newer row of the same model (``model_key``, the same structure); a row
+    with no such twin keeps them missing (pipelines.estimate.regress then decides what it is used
+    for)."""
     for tier in OPTIONAL_TIERS:
         known = {r["model_key"]: r for r in rows if has_columns(r, tier)}
         rows = [r if has_columns(r, tier) or r["model_key"] not in known
