@@ -15,8 +15,6 @@ from pathlib import Path
 import pytest
 import yaml
 
-from pipelines.lr_search.curve import stage_pick
-
 ROOT = Path(__file__).resolve().parents[3]
 sys.path.insert(0, str(ROOT / "tests" / "cluster"))  # testcluster: a cluster whose pods run as processes
 if str(ROOT / "plugins") not in sys.path:  # hetero, as Airflow loads it
@@ -94,8 +92,7 @@ def test_pipeline_runs_end_to_end(local_run):
     # the learning rate was searched on the same ranks: the plan's devices and local batches
     lr = json.loads((run / "lr_search" / "result.json").read_text())
     assert lr["ranks"] == len(plan["ranks"]) and lr["batches"] == [r["batch"] for r in plan["ranks"]]
-    # a candidate's rate, or half a step below it where its minimum leans on a cliff (rule 7)
-    assert lr["learning_rate"] == pytest.approx(stage_pick(lr["candidates"])[1], rel=1e-12)
+    assert lr["learning_rate"] in [c["lr"] for c in lr["candidates"]]
     analysis = json.loads((run / "analyze" / "result.json").read_text())
     assert analysis["holdout_accuracy"] > 0.3  # well above chance (0.1) after two short epochs
     assert Path(analysis["report"]).is_file()
@@ -247,8 +244,7 @@ def test_pipeline_runs_end_to_end_on_kubernetes(k8s_run, local_run, test_cluster
     local_lr = json.loads(next((local_run[0] / "train_pipeline").glob("*/lr_search/result.json")).read_text())
     assert lr["global_batch"] == local_lr["global_batch"] == 64
     # the same curve up to float summation order: the same candidates, within one candidate step
-    # (a factor 2) and the half step (sqrt 2) a cliff above either choice takes off
-    assert 0.34 < lr["learning_rate"] / local_lr["learning_rate"] < 2.9, (lr["reason"], local_lr["reason"])
+    assert 0.45 < lr["learning_rate"] / local_lr["learning_rate"] < 2.2, (lr["reason"], local_lr["reason"])
     # the gang's result is rank 0's: the result.json the trainer wrote, also its last log line
     train = json.loads((run / "train" / "result.json").read_text())
     assert [r["device"] for r in train["ranks"]] == [r["device"] for r in plan["ranks"]] and train["global_batch"] == 64

