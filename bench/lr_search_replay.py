@@ -13,11 +13,9 @@ interpolation, not by training: its held-out loss and accuracy are read off the 
 log10(rate), the loss in log scale; a rate outside the points is not scored.  Between two points a
 quarter-decade apart the curve may bend (a rate just below a collapse looks half collapsed), so
 these are estimates to choose which rule to measure, never figures to report: a rule that looks
-better here must be measured with bench/lr_search.py.  Rule ``rule7`` is the stage's own
-(``pipelines.lr_search.curve.stage_pick``: rule 6's candidate, half a step lower below a cliff); on
-every combination its rate must equal the recorded chosen one, or the replay stops (exit 2): the
-runs were recorded under another rule.  ``rule6`` is the one before it (the smallest candidate
-within the noise of the lowest, ``smallest_within_noise``).
+better here must be measured with bench/lr_search.py.  Rule ``rule6`` is the stage's own
+(``pipelines.lr_search.curve.smallest_within_noise``); on every combination its rate must equal the
+recorded chosen one, or the replay stops (exit 2): the runs were recorded under another rule.
 
 Prints one line per combination, then one JSON line: per rule, the loss ratio's median and max
 (only where the best grid loss is at least ``min_best_loss``), the accuracy gap's median and max,
@@ -39,7 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from lr_search_score import MIN_BEST_LOSS, point_means, rate_key  # noqa: E402
 
-from pipelines.lr_search.curve import smallest_within_noise, stage_pick, within_noise  # noqa: E402
+from pipelines.lr_search.curve import smallest_within_noise, within_noise  # noqa: E402
 
 
 def finite(candidates: list[dict]) -> list[dict]:
@@ -47,14 +45,8 @@ def finite(candidates: list[dict]) -> list[dict]:
 
 
 def rule6(candidates: list[dict]) -> float:
-    """The stage's rule until 2026-12-03: the smallest rate within the noise of the lowest run."""
+    """The stage's rule: the smallest rate within the noise of the lowest run."""
     return smallest_within_noise(candidates)["lr"]
-
-
-def rule7(candidates: list[dict]) -> float:
-    """The stage's rule: rule 6's rate, lowered half a step where the run at twice it ended above
-    the run at half of it."""
-    return stage_pick(candidates)[1]
 
 
 def lowest(candidates: list[dict]) -> float:
@@ -86,7 +78,7 @@ def geometric_within_noise(candidates: list[dict]) -> float:
     return math.exp(statistics.fmean(math.log(c["lr"]) for c in near))
 
 
-RULES = {"rule7": rule7, "rule6": rule6, "lowest": lowest, "vertex": vertex, "geometric_within_noise": geometric_within_noise}
+RULES = {"rule6": rule6, "lowest": lowest, "vertex": vertex, "geometric_within_noise": geometric_within_noise}
 
 
 def interpolate(points: list[dict], lr: float, key: str) -> float | None:
@@ -128,8 +120,8 @@ def replay(row: dict, num_classes: int = 10) -> dict:
             "accuracy_gap": None if accuracy is None else best_accuracy - accuracy,
             "outside": loss is None,
         }
-    if rate_key(out["rules"]["rule7"]["lr"]) != rate_key(row["chosen_lr"]):
-        raise ValueError(f"{row['combo']}: the stage's rule replayed gives {out['rules']['rule7']['lr']:.4g} but the "
+    if rate_key(out["rules"]["rule6"]["lr"]) != rate_key(row["chosen_lr"]):
+        raise ValueError(f"{row['combo']}: the stage's rule replayed gives {out['rules']['rule6']['lr']:.4g} but the "
                          f"run chose {row['chosen_lr']:.4g} (recorded with another rule version?)")
     return out
 

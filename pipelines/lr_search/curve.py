@@ -25,7 +25,7 @@ from pipelines.errors import StageError
 from pipelines.lr_search.references import fastai_valley, lightning_steepest
 
 MIN_POINTS = 10
-RULE_VERSION = 7  # part of the result's input key: a new rule (or new references beside it) searches again
+RULE_VERSION = 6  # part of the result's input key: a new rule (or new references beside it) searches again
 CANDIDATE_FACTORS = (0.5, 1.0, 2.0)  # times the min-loss rate: the rates the confirmation compares
 # When an edge candidate ends lowest, the best rate may lie past it: one more run there.  On the
 # combinations the rule was tuned on the best grid rate lay from 0.25 to 3.4 times the min-loss
@@ -40,16 +40,6 @@ EDGE_EXTENSIONS = {2.0: 4.0, 0.5: 0.25}
 # 0.015 to 0.024 of held-out accuracy; every other choice there is as before.  The steps of one run
 # are correlated, so the true spread is wider and 2 is not a 95% test, only a margin.
 NOISE_SES = 2.0
-# A minimum that leans on a cliff: when the run at twice the chosen rate ended higher (or diverged)
-# than the run at half of it, the loss rises faster above the chosen rate than below, and other
-# initial weights or row orders can tip the chosen rate itself over (pair_cnn with SGD at B = 512 in
-# the tuning set: x1 chosen, x2 ended near chance, and x1 collapsed in its short run from another
-# seed's weights and in the full training on 1 of 3 seeds).  The rate is then lowered by this
-# factor, half a step of the candidates' factor 2 towards the gentler side.  On the tuning set's
-# first seed it applies to 4 of 12 combinations, and in each the fine grid's most accurate rate
-# lay 1.3 to 2.3 times below the one rule 6 chose; on the other 8 it changes nothing
-# (bench/README.md).
-CLIFF_STEP = 2 ** -0.5
 TRIAL_FRACTION = 0.2  # a confirmation run is this fraction of the training's steps ...
 TRIAL_STEPS = (32, 160)  # ... within these bounds
 SAFETY_DIVISOR = 3.0
@@ -313,27 +303,6 @@ def smallest_within_noise(candidates: Sequence[dict]) -> dict:
     return min(within_noise(candidates), key=lambda c: c["factor"])
 
 
-def cliff_margin(candidates: Sequence[dict], chosen: dict) -> float | None:
-    """The factor the rate of ``chosen`` (one of ``candidates``) is lowered by when its minimum
-    leans on a cliff: ``CLIFF_STEP`` when the run at twice its rate diverged or ended higher than
-    the run at half of it (both run); None otherwise."""
-    by_factor = {c["factor"]: c for c in candidates}
-    above, below = by_factor.get(chosen["factor"] * 2), by_factor.get(chosen["factor"] / 2)
-    if above is None or below is None or below["trial_loss"] is None:
-        return None
-    if above["trial_loss"] is None or above["trial_loss"] > below["trial_loss"]:
-        return CLIFF_STEP
-    return None
-
-
-def stage_pick(candidates: Sequence[dict]) -> tuple[dict, float]:
-    """The confirmation's pick among ``candidates`` and the rate it gives: rule 6's candidate
-    (:func:`smallest_within_noise`), lowered by :func:`cliff_margin` where its minimum leans on a
-    cliff.  bench/lr_search_replay.py replays it on recorded candidates."""
-    chosen = smallest_within_noise(candidates)
-    return chosen, chosen["lr"] * (cliff_margin(candidates, chosen) or 1.0)
-
-
 def choose(
     lrs: Sequence[float],
     losses: Sequence[float],
@@ -348,8 +317,7 @@ def choose(
     each of ``CANDIDATE_FACTORS`` × the min-loss rate of the polynomial fit; when the run that ends
     lowest is an edge candidate, one more run one step past it (``EDGE_EXTENSIONS``).  Of the runs
     that ended within ``NOISE_SES`` standard errors (of the difference) of the lowest, the smallest
-    rate is kept, lowered by ``CLIFF_STEP`` where the run at twice it ended above the run at half
-    of it (:func:`cliff_margin`).
+    rate is kept.
     Without ``run_trial`` or without a clear descent, :func:`suggest`'s value is taken as it is
     (``planned_steps``: as there).
 
@@ -393,23 +361,15 @@ def choose(
         confirm(EDGE_EXTENSIONS[best["factor"]])
         best = lowest()
 
-    chosen, rate = stage_pick(candidates)
-    factor = chosen["factor"] * rate / chosen["lr"]
+    chosen = smallest_within_noise(candidates)
     tried = ", x".join(f"{c['factor']:g}" for c in candidates)
     ended = f"ended lowest at x{best['factor']:g} (loss {best['trial_loss']:.4g} ± {best['trial_se'] or 0.0:.2g})"
     if chosen is not best:
         ended += (f"; x{chosen['factor']:g} ({chosen['trial_loss']:.4g} ± {chosen['trial_se'] or 0.0:.2g}) ended "
                   f"within {NOISE_SES:g} standard errors of it and is the smaller rate")
-    if rate != chosen["lr"]:
-        above = next(c for c in candidates if c["factor"] == chosen["factor"] * 2)
-        below = next(c for c in candidates if c["factor"] == chosen["factor"] / 2)
-        rose = "diverged" if above["trial_loss"] is None else f"ended at {above['trial_loss']:.4g}"
-        ended += (f"; x{above['factor']:g} {rose}, above x{below['factor']:g}'s {below['trial_loss']:.4g}: the loss "
-                  f"rises faster above x{chosen['factor']:g} than below, so x{factor:.3g} keeps a margin from that "
-                  f"side")
     return {
-        "learning_rate": rate,
-        "method": f"range_test+confirm: poly{analysis['poly']['degree']} min-loss x {factor:.3g}",
+        "learning_rate": chosen["lr"],
+        "method": f"range_test+confirm: poly{analysis['poly']['degree']} min-loss x {chosen['factor']:g}",
         "reason": (
             f"min-loss rate {m:.3g} of the poly{analysis['poly']['degree']} fit (range {lo:.3g}..{hi:.3g}); "
             f"of x{tried} its short run with the training's schedule {ended}"

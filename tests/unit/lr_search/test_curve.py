@@ -10,13 +10,11 @@ import pytest
 from pipelines.errors import StageError
 from pipelines.lr_search.curve import (
     CANDIDATE_FACTORS,
-    CLIFF_STEP,
     EDGE_EXTENSIONS,
     MIN_POINTS,
     NOISE_SES,
     TrialLoss,
     choose,
-    cliff_margin,
     confirmation,
     ema_lag,
     find_divergence,
@@ -24,7 +22,6 @@ from pipelines.lr_search.curve import (
     log_fit,
     pick_rate,
     smooth,
-    stage_pick,
     suggest,
     trial_loss,
 )
@@ -214,17 +211,14 @@ def test_choose_tries_one_step_past_an_edge_that_ended_lowest(optimum, edge, bey
     assert f"of x0.5, x1, x2, x{beyond:g} " in out["reason"] and f"lowest at x{chosen:g} " in out["reason"]
 
 
-def test_choose_keeps_the_edge_when_the_step_past_it_diverges_with_a_margin_from_it():
+def test_choose_keeps_the_edge_when_the_step_past_it_diverges():
     lrs, loss = u_shaped()
     m = suggest(lrs, loss)["min_loss_lr"]
     tried = []
     good = _trial_with_optimum_at(3.0, tried, lambda: m)
     out = choose(lrs, loss, run_trial=lambda lr: float("nan") if lr > 3 * m else good(lr))
+    assert out["learning_rate"] == pytest.approx(2 * m)
     assert out["candidates"][-1] == {"lr": pytest.approx(4 * m), "factor": 4.0, "trial_loss": None, "trial_se": None}
-    # x2 ended lowest and x4 diverged: a cliff above x2, so the rate is half a step below it
-    assert CLIFF_STEP == pytest.approx(2 ** -0.5)
-    assert out["learning_rate"] == pytest.approx(2 * m * CLIFF_STEP)
-    assert "x4 diverged, above x1's" in out["reason"] and out["method"].endswith("min-loss x 1.41")
 
 
 def test_trial_loss_is_the_tail_mean_and_its_standard_error():
@@ -242,48 +236,13 @@ def test_trial_loss_is_the_tail_mean_and_its_standard_error():
 def test_choose_takes_the_smallest_rate_within_the_noise_of_the_lowest(x1, x2, se, chosen):
     lrs, loss = u_shaped()
     m = suggest(lrs, loss)["min_loss_lr"]
-    ends = {0.5: 1.6, 1.0: x1, 2.0: x2, 4.0: x1 - 0.001}  # x4 above x2 but below x1: no cliff above x2
+    ends = {0.5: 1.6, 1.0: x1, 2.0: x2, 4.0: 3.159}
     out = choose(lrs, loss, run_trial=lambda lr: TrialLoss(ends[round(lr / m, 2)], se))
     assert NOISE_SES == 2.0
     assert [c["factor"] for c in out["candidates"]] == [0.5, 1.0, 2.0, 4.0]  # x2 ended lowest: x4 tried
     assert out["learning_rate"] == pytest.approx(chosen * m)
     assert "ended lowest at x2 " in out["reason"]
     assert ("x1 (" in out["reason"] and "within 2 standard errors" in out["reason"]) == (chosen == 1.0)
-
-
-# Confirmation runs the stage recorded on the tuning set's first seed (loss, standard error), by factor
-PAIR_CNN_512_SGD = {0.5: (0.973, 0.024), 1.0: (0.846, 0.043), 2.0: (2.218, 0.011)}
-PAIR_CNN_512_SGD_SEED_3 = {0.25: (1.702, 0.018), 0.5: (1.334, 0.023), 1.0: (2.309, 0.004), 2.0: (2.249, 0.009)}
-TINY_MLP_512_SGD = {0.5: (0.793, 0.009), 1.0: (0.642, 0.008), 2.0: (0.665, 0.035)}
-SMALL_CNN_256_ADAM = {0.5: (0.249, 0.01), 1.0: (0.168, 0.01), 2.0: (0.048, 0.005), 4.0: (0.063, 0.005)}
-
-
-@pytest.mark.parametrize(("ends", "picked", "lowered"), [
-    (PAIR_CNN_512_SGD, 1.0, True),  # x2 ended near chance, far above x0.5: a cliff above x1
-    (PAIR_CNN_512_SGD_SEED_3, 0.5, True),  # x1 collapsed (above x0.25): a cliff above x0.5
-    (TINY_MLP_512_SGD, 1.0, False),  # x2 ended above x1 but below x0.5: gentler above than below
-    (SMALL_CNN_256_ADAM, 2.0, False),  # x4 above x2, below x1
-])
-def test_choose_keeps_a_margin_below_a_cliff(ends, picked, lowered):
-    lrs, loss = u_shaped()
-    m = suggest(lrs, loss)["min_loss_lr"]
-    runs = {f: TrialLoss(*v) for f, v in ends.items()}
-    runs.update({f: TrialLoss(9.0, 0.1) for f in (0.25, 4.0) if f not in runs})  # an extension, if any, ends high
-    out = choose(lrs, loss, run_trial=lambda lr: runs[round(lr / m, 2)])
-    chosen = next(c for c in out["candidates"] if c["factor"] == picked)
-    assert cliff_margin(out["candidates"], chosen) == (CLIFF_STEP if lowered else None)
-    assert out["learning_rate"] == pytest.approx(picked * m * (CLIFF_STEP if lowered else 1.0))
-    assert ("rises faster above" in out["reason"]) == lowered
-    assert stage_pick(out["candidates"]) == (chosen, pytest.approx(out["learning_rate"]))
-
-
-def test_a_cliff_needs_both_neighbours_run():
-    runs = [{"lr": 0.1, "factor": 1.0, "trial_loss": 0.5, "trial_se": 0.01},
-            {"lr": 0.2, "factor": 2.0, "trial_loss": None, "trial_se": None}]
-    assert cliff_margin(runs, runs[0]) is None  # no run at x0.5 to compare x2 with
-    below = {"lr": 0.05, "factor": 0.5, "trial_loss": None, "trial_se": None}
-    assert cliff_margin([below, *runs], runs[0]) is None  # x0.5 diverged too: no gentler side to step to
-    assert cliff_margin([{**below, "trial_loss": 0.9, "trial_se": 0.01}, *runs], runs[0]) == CLIFF_STEP
 
 
 def test_choose_never_steps_down_to_a_candidate_that_diverged():
