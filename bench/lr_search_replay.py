@@ -72,13 +72,28 @@ def vertex(candidates: list[dict], clamp: float = 0.5) -> float:
     return 2 ** min(max(-b / (2 * a), x1 - clamp), x1 + clamp)
 
 
+def cliff(candidates: list[dict]) -> float:
+    """Rule 6's rate lowered by sqrt(2) where the run at twice it diverged or ended above the run at
+    half of it (a minimum leaning on a cliff).  Measured through the stage on 2026-12-03 as rule
+    7 (bench/README.md): it removed a collapse on the tuning set and lost on 2 of 6 reporting
+    combinations, so the stage kept rule 6."""
+    chosen = smallest_within_noise(candidates)
+    by_factor = {c["factor"]: c for c in candidates}
+    above, below = by_factor.get(chosen["factor"] * 2), by_factor.get(chosen["factor"] / 2)
+    if above is None or below is None or below["trial_loss"] is None:
+        return chosen["lr"]
+    leans = above["trial_loss"] is None or above["trial_loss"] > below["trial_loss"]
+    return chosen["lr"] * 2 ** -0.5 if leans else chosen["lr"]
+
+
 def geometric_within_noise(candidates: list[dict]) -> float:
     """The geometric mean of the rates whose runs ended within the noise of the lowest."""
     near = within_noise(candidates)
     return math.exp(statistics.fmean(math.log(c["lr"]) for c in near))
 
 
-RULES = {"rule6": rule6, "lowest": lowest, "vertex": vertex, "geometric_within_noise": geometric_within_noise}
+RULES = {"rule6": rule6, "lowest": lowest, "vertex": vertex, "geometric_within_noise": geometric_within_noise,
+         "cliff": cliff}
 
 
 def interpolate(points: list[dict], lr: float, key: str) -> float | None:

@@ -46,6 +46,12 @@ def test_each_rule_picks_its_rate(replay):
     assert replay.geometric_within_noise(near) == pytest.approx(math.sqrt(0.1 * 0.2))
     edge = candidates((0.5, 0.50, 0.01), (1.0, 0.60, 0.01), (2.0, 0.70, 0.01), (0.25, None, None))  # diverged
     assert replay.vertex(edge) == replay.lowest(edge) == pytest.approx(0.05)  # the lowest finite is an edge
+    assert replay.cliff(c) == 0.1  # x2 (0.65) ended below x0.5 (0.80): rule 6's rate
+    # x2 ended above x0.5 (pair_cnn-512-sgd's first seed), or diverged: half a step below rule 6's
+    for top in (2.218, None):
+        leaning = candidates((0.5, 0.973, 0.024), (1.0, 0.846, 0.043), (2.0, top, None))
+        assert replay.rule6(leaning) == 0.1 and replay.cliff(leaning) == pytest.approx(0.1 * 2 ** -0.5)
+    assert replay.cliff(edge) == pytest.approx(0.05)  # x0.25 diverged: no gentler side to compare with
 
 
 def test_the_score_is_read_off_the_points_in_log_rate(replay):
@@ -80,5 +86,5 @@ def test_the_json_line_summarises_every_rule(replay, tmp_path, capsys):
     line = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert line["combinations"] == ["m-64-sgd"] and line["set"] == "tuning" and line["interpolated"] is True
     assert line["skipped"] == ["f-64-adam"]
-    assert set(line["rules"]) == {"rule6", "lowest", "vertex", "geometric_within_noise"}
+    assert set(line["rules"]) == {"rule6", "lowest", "vertex", "geometric_within_noise", "cliff"}
     assert line["rules"]["rule6"]["loss_ratio_median"] == pytest.approx(1.25)

@@ -276,7 +276,7 @@ def test_lr_search(tmp_path, full_core_pool):
     if row["candidates"]:
         replayed = run_bench("lr_search_replay.py", tmp_path / "runs.json", "--set", "reporting", timeout_s=300)
         assert replayed["combinations"] == ["wide_mlp-128-sgd"] and replayed["skipped"] == []
-        assert set(replayed["rules"]) == {"rule6", "lowest", "vertex", "geometric_within_noise"}
+        assert set(replayed["rules"]) == {"rule6", "lowest", "vertex", "geometric_within_noise", "cliff"}
 
 
 @pytest.mark.parametrize("combo", ["tiny_mlp-64-sgd", "small_cnn-512-adam"])  # the first set's, and a B = 512 one
