@@ -20,7 +20,6 @@ import dataclasses
 import logging
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -34,6 +33,7 @@ from pipelines.core.stages import ps_command, rank_command
 from pipelines.errors import EXIT_DIVERGED, EXIT_FAILED, NO_RETRY, StageError, StageFailure, child_error
 from pipelines.launch.cgroups import PERIOD_US, CpuLimiter, threads_for
 from pipelines.launch.lifetime import child_env, die_with_parent, stop_earlier_tries, try_env
+from pipelines.launch.ports import free_ports
 from pipelines.launch.rendezvous import (
     ENV_DEVICE,
     ENV_SHARE,
@@ -113,20 +113,6 @@ def launch_ps_plan(stage: str, spec, run_dir, ctx, plan: dict) -> LaunchResult:
                            [f"127.0.0.1:{p}" for p in ports[1 + len(workers) :]])
     job, env = this_try(stage, ctx, "-ps")
     return launch_ps(ps_command(str(run_dir), sys.executable, fresh=ctx.fresh), cluster, workers, job=job, env=env)
-
-
-def free_ports(n: int) -> list[int]:
-    """``n`` distinct TCP ports free on 127.0.0.1 now (held open together while choosing)."""
-    socks = []
-    try:
-        for _ in range(n):
-            s = socket.socket()
-            s.bind(("127.0.0.1", 0))
-            socks.append(s)
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
 
 
 def run_stage_ranks(stage: str, what: str, spec, run_dir, ctx, plan: dict, stored, where) -> dict:
