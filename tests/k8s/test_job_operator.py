@@ -288,6 +288,30 @@ def test_on_kill_deletes_everything(spec_doc, mixed_plan):
     assert_all_gone(fake)
 
 
+def test_a_kill_during_a_poll_fails_the_job_as_killed_not_as_pods_gone(spec_doc, mixed_plan):
+    """Airflow calls on_kill on another thread: a poll that began before it lists the pods after
+    they were deleted.  The task's error says it was killed (CI once saw 'disappeared' here)."""
+    fake = FakeCoreV1(default=[running()])
+    op = make_operator(spec_doc, mixed_plan, fake)
+
+    def kill_inside_the_poll(gang):
+        listed = gang.this_try_pods
+
+        def this_try_pods():
+            if fake.now >= 2 and not gang.killed:
+                op.on_kill()  # lands after the wait loop's check of gang.killed, before the listing
+            return listed()
+
+        gang.this_try_pods = this_try_pods
+        return gang
+
+    on_fake(op, fake, kill_inside_the_poll)
+    with pytest.raises(GangError, match="the task was killed") as e:
+        op.execute(make_context())
+    assert "disappeared" not in str(e.value)
+    assert_all_gone(fake)
+
+
 def test_a_pod_deleted_from_outside_fails_the_job(spec_doc, mixed_plan):
     fake = FakeCoreV1(default=[running()])
     op = make_operator(spec_doc, mixed_plan, fake)

@@ -52,6 +52,7 @@ from hetero.kube.pods import (
     status_code,
     terminated,
     try_number,
+    waiting_message,
 )
 from pipelines.errors import NO_RETRY
 from pipelines.launch.k8s import Identity
@@ -60,6 +61,7 @@ __all__ = ["GangManager", "GangWatch", "KEPT_LABEL"]
 
 KEPT_LABEL = "hetero_kept"  # failed pods kept for inspection; never re-attached or cleaned up by retries
 RESUMES = "; the retry resumes from the last checkpoint"
+KILLED = "the task was killed; every pod and the Service were deleted"
 LOST_TAIL_LINES = 5  # a lost worker's last lines in the task log
 ROLES = {"chief": "the chief", "worker": "worker {}", "ps": "parameter server ps-{}"}  # task_type label -> name
 SERVER_GRACE_S = 15.0  # how long a chief's failure waits for a server's to show (_server_may_explain)
@@ -191,9 +193,13 @@ class GangManager:
         """Poll until the gang is done, then return its result; fail fast on the first broken pod."""
         watch = self.watch(self.clock())
         while True:
-            if self.killed:
-                raise GangError("the task was killed; every pod and the Service were deleted")
-            pods = self.poll(watch)
+            try:
+                pods = None if self.killed else self.poll(watch)
+            except GangError:
+                if not self.killed:
+                    raise
+            if self.killed:  # kill() runs on another thread: a poll begun before it sees the deleted pods gone
+                raise GangError(KILLED)
             if pods is not None:
                 return self.outcome(pods, self.clock() - watch.start, list(watch.lost.values()))
             self.sleep(self.poll_interval_s)
@@ -404,7 +410,7 @@ class GangManager:
         elif scheduled_s > self.image_pull_timeout_s:
             raise PodStartError(
                 f"{who} pod {name} was scheduled but its containers did not start within "
-                f"image_pull_timeout_s={self.image_pull_timeout_s:g}: {self._waiting_message(pod)}",
+                f"image_pull_timeout_s={self.image_pull_timeout_s:g}: {waiting_message(pod)}",
                 rank=r, pod_name=name, reason="StartupTimeout",
             )
 
@@ -463,12 +469,6 @@ class GangManager:
             if cond.type == "PodScheduled" and cond.message:
                 return f'{cond.reason or "Unschedulable"}: "{cond.message}"'
         return "no scheduler event recorded (is the node selector or toleration right?)"
-
-    def _waiting_message(self, pod: k8s_models.V1Pod) -> str:
-        for cs in (pod.status and pod.status.container_statuses) or []:
-            if cs.state and cs.state.waiting:
-                return f"{cs.name} waiting: {cs.state.waiting.reason}: {cs.state.waiting.message or ''}".strip()
-        return "containers not started"
 
     def _summary(self, pods: dict[int, k8s_models.V1Pod]) -> dict[str, Any]:
         """What ran, for a gang whose pods print no result line (the calibration pods)."""

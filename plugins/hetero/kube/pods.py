@@ -178,3 +178,11 @@ def rank(pod: k8s_models.V1Pod) -> int:
 def try_number(obj: Any) -> str:
     """The task try an object (pod, Service) belongs to (its ``try_number`` label)."""
     return (obj.metadata.labels or {}).get("try_number", "")
+
+
+def waiting_message(pod: k8s_models.V1Pod) -> str:
+    """Why a pod's containers have not started, from their waiting states (for a start timeout)."""
+    for cs in (pod.status and pod.status.container_statuses) or []:
+        if cs.state and cs.state.waiting:
+            return f"{cs.name} waiting: {cs.state.waiting.reason}: {cs.state.waiting.message or ''}".strip()
+    return "containers not started"
