@@ -8,7 +8,6 @@ import datetime as dt
 import json
 import math
 import re
-import socket
 import time
 import urllib.request
 from pathlib import Path
@@ -18,6 +17,8 @@ from kubernetes import watch
 from kubernetes.client.exceptions import ApiException
 from processes import alive
 from testcluster import TestCluster
+
+from pipelines.launch.ports import free_ports
 
 pytest_plugins = ["testcluster.fixtures"]  # cluster, cluster_nodes, kube, kube_conn, task_context
 NS = "default"
@@ -198,9 +199,7 @@ def test_service_names_resolve_and_a_pod_reaches_another_through_them(kube, free
 
 @pytest.fixture
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    return free_ports(1)[0]  # below the ephemeral range: the pod binds it later (pipelines.launch.ports)
 
 
 def gpu_pod(name: str, gpus: int, **spec) -> dict:

@@ -18,7 +18,6 @@ import pwd
 import secrets
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -33,6 +32,8 @@ import psycopg2
 from processes import alive
 from psycopg2 import sql
 
+from pipelines.launch.ports import free_ports
+
 ROOT = Path(__file__).resolve().parents[3]
 AIRFLOW = Path(sys.executable).with_name("airflow")
 TRAINER_PY = ROOT / ".venv-trainer" / "bin" / "python"
@@ -43,9 +44,9 @@ NOTES: list[str] = []  # timings the tests note, printed when the session's depl
 
 
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A port for a component that binds it only once started: from below the ephemeral range,
+    where no outgoing connection takes it meanwhile (pipelines.launch.ports)."""
+    return free_ports(1)[0]
 
 
 def quote(value: str) -> str:
