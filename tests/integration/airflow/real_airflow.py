@@ -226,6 +226,8 @@ def deployment_env(home: Path, port: int, database: str, job_defaults: Path | No
     file ``job_defaults`` (``HETERO_JOB_DEFAULTS``)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("AIRFLOW__", "HETERO_"))}
     base = f"http://127.0.0.1:{port}"
+    # the log servers' ports: distinct from each other and the api-server's, none of them bound yet
+    worker_log, trigger_log = [p for p in free_ports(3) if p != port][:2]
     env.update({
         "AIRFLOW_HOME": str(home),
         "AIRFLOW__CORE__DAGS_FOLDER": str(ROOT / "dags"),
@@ -249,8 +251,8 @@ def deployment_env(home: Path, port: int, database: str, job_defaults: Path | No
         "AIRFLOW__CORE__EXECUTION_API_SERVER_URL": f"{base}/execution/",
         "AIRFLOW__API_AUTH__JWT_SECRET": secrets.token_hex(32),
         "AIRFLOW__API__SECRET_KEY": secrets.token_hex(16),
-        "AIRFLOW__LOGGING__WORKER_LOG_SERVER_PORT": str(free_port()),
-        "AIRFLOW__LOGGING__TRIGGER_LOG_SERVER_PORT": str(free_port()),
+        "AIRFLOW__LOGGING__WORKER_LOG_SERVER_PORT": str(worker_log),
+        "AIRFLOW__LOGGING__TRIGGER_LOG_SERVER_PORT": str(trigger_log),
         # A retry waits 5 s at most, not the DAG's 30 s and more (retry_delay, exponential back-off).
         "AIRFLOW__CORE__MAX_TASK_RETRY_DELAY": "5",
         "HETERO_TRAIN_SCHEDULE": SCHEDULE,
