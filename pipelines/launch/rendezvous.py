@@ -13,7 +13,7 @@ from __future__ import annotations
 import dataclasses
 import os
 
-RENDEZVOUS_PORT = 29400  # fixed port used on Kubernetes; the local launcher picks a free one
+from pipelines.launch.ports import RENDEZVOUS_PORT  # Kubernetes' default; the local launcher picks a free one
 
 # Our own variables, next to Horovod's.
 ENV_DEVICE = "HETERO_DEVICE_TYPE"  # device type name from the pool

@@ -35,19 +35,17 @@ from pipelines.launch.k8s.pod_spec import (
     volumes_and_mounts,
 )
 from pipelines.launch.k8s.validation import plan_ranks
+from pipelines.launch.ports import RENDEZVOUS_PORT, RENDEZVOUS_PORTS
 from pipelines.launch.rendezvous import (
     ENV_BATCH,
     ENV_DEVICE,
     ENV_HOST_RENDEZVOUS,
     ENV_SHARE,
-    RENDEZVOUS_PORT,
     Slot,
     gloo_env,
     pod_slots,
 )
 from pipelines.spec import DeviceType, JobSpec, PoolSpec, check_kubernetes
-
-RENDEZVOUS_PORTS = 100  # rank 0 of a try listens on one of RENDEZVOUS_PORT .. + RENDEZVOUS_PORTS - 1
 
 
 def rendezvous_service_name(identity: Identity) -> str:

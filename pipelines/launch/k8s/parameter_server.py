@@ -35,12 +35,11 @@ from pipelines.launch.k8s.pod_spec import (
     volumes_and_mounts,
 )
 from pipelines.launch.k8s.validation import plan_ranks
+from pipelines.launch.ports import PS_PORT, PS_PORTS
 from pipelines.launch.rendezvous import ENV_BATCH, ENV_DEVICE, ENV_SHARE
 from pipelines.spec import DeviceType, JobSpec, PoolSpec, SpecError, check_kubernetes
 
 PS_CONTAINER = RANK_CONTAINER  # the trainer container of every task pod
-PS_PORT = 22200  # the tasks of a parameter-server try listen on ports in PS_PORT .. + PS_PORTS - 1
-PS_PORTS = 6000
 
 
 def ps_service_name(identity: Identity) -> str:
