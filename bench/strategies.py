@@ -46,7 +46,9 @@ left out), ``seconds_to_target_loss`` (training time until a window's mean loss 
 held-out rows) and ``final_loss``.  At the top level: ``async_vs_standalone_sum``, async
 throughput over the sum of the N devices' standalone throughputs (goal >= 0.90);
 ``async_accuracy_gap`` / ``bounded_accuracy_gap``, Horovod balanced held-out accuracy minus the
-mode's (goal <= 0.01); ``auto_picks_faster_to_accuracy`` (goal true); ``goals``.
+mode's (goal <= 0.01); ``auto_picks_faster_to_accuracy`` (goal true); ``auto_pick_regret``, how
+much later the pick reached the target on average over the later seeds than the faster
+configuration (0 when it is the faster; ``strategies_stats.pick_regret``); ``goals``.
 
 **Seeds** (``--seeds N``: 1..N, or ``--seed-list``): the job spec's ``training.seed``, which sets
 the initial weights and every epoch's order of the rows.  A seed's runs follow each other in the
@@ -77,6 +79,7 @@ from strategies_stats import (  # noqa: E402
     bounded_staleness,
     goals,
     pick_agreement,
+    pick_regret,
     run_order,
     seed_figures,
     seed_list,
@@ -407,6 +410,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"auto, learned from seed {seed}: {json.dumps(auto)}", flush=True)
     line = aggregate(per_seed)
     agreement = pick_agreement(auto and auto["pick"], per_seed[1:], [HOROVOD, ps_default()])
+    regret = pick_regret(auto and auto["pick"], per_seed[1:], [HOROVOD, ps_default()])
     defaults = TrainingSpec.model_fields
     sched = {"lr_schedule": defaults["lr_schedule"].default, "warmup_epochs": defaults["warmup_epochs"].default,
              **schedule(args)}
@@ -425,6 +429,7 @@ def main(argv: list[str] | None = None) -> int:
         auto_predicted=auto and auto["strategies"], auto_learned_from=args.seed_list[0] if auto else None,
         auto_curves_recorded=auto and auto["curves_recorded"],
         auto_agreement=agreement["per_seed"], auto_picks_faster_to_accuracy=agreement["all"],
+        auto_pick_regret=regret["regret"], auto_later_seconds_to_target=regret["means"],
         quota_enforced=all(bench.quota), combiner=args.combiner, combiner_options=args.combiner_options,
         async_momentum=args.async_momentum,
         async_momentum_applied=server_momentum(TrainingSpec(update_mode="async", async_momentum=args.async_momentum),

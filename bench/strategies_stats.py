@@ -181,6 +181,28 @@ def pick_agreement(pick: str | None, per_seed: Sequence[dict], names: Sequence[s
     return {"per_seed": rows, "all": verdict}
 
 
+def pick_regret(pick: str | None, per_seed: Sequence[dict], names: Sequence[str]) -> dict:
+    """How much later ``pick`` reached the target loss than the configuration that reached it
+    soonest on average over the later seeds (``per_seed``, as in :func:`pick_agreement`).
+
+    ``auto_picks_faster_to_accuracy`` asks the pick to win every later seed, which no pick can
+    promise when two configurations are closer than the seeds' spread (seeds 14-16 in
+    bench/README.md: each won one later seed).  ``regret`` (mean seconds of the pick over the
+    smallest mean, minus 1; 0 when the pick is the faster on average) says how much such a miss
+    costs.  ``means``: each configuration's mean seconds to the target over the later seeds, None
+    when it missed the target in one of them (it then cannot be the faster on average).
+    ``regret`` is None with no pick, no later seed, or a pick that missed the target in a later
+    seed."""
+    means = {}
+    for name in names:
+        times = [p["strategies"].get(name, {}).get("seconds_to_target_loss") for p in per_seed]
+        means[name] = round(fmean(times), 2) if times and None not in times else None
+    if pick is None or means.get(pick) is None:
+        return {"means": means, "regret": None}
+    best = min(m for m in means.values() if m is not None)
+    return {"means": means, "regret": round(means[pick] / best - 1, 4)}
+
+
 def goals(line: dict) -> dict:
     """Each goal of :data:`GOALS` with its value and whether the line meets it (a missing or null
     value does not)."""
@@ -237,4 +259,10 @@ def table(line: dict) -> str:
             value = pm(g["value"], line.get(f"{key}_sd"), 3)
             per = ", ".join("null" if v is None else f"{v:.3f}" for v in line.get(f"{key}_per_seed") or [])
         rows.append(f"| `{key}` {g['goal']} | {value} | {per} | {'met' if g['met'] else '**missed**'} |")
+    if line.get("auto_pick"):
+        regret = line.get("auto_pick_regret")
+        means = ", ".join(f"{n} {'missed' if m is None else f'{m:.2f} s'}"
+                          for n, m in (line.get("auto_later_seconds_to_target") or {}).items())
+        rows.append(f"| `auto_pick_regret` (a figure) | {'null' if regret is None else f'{regret:.3f}'} | "
+                    f"later seeds' mean: {means} | |")
     return "\n".join(rows)

@@ -132,6 +132,10 @@ def test_two_seeds_reverse_the_order_take_s_from_earlier_async_runs_and_judge_au
     assert line["auto_picks_faster_to_accuracy"] is True and line["auto_learned_from"] == 1
     assert (line["auto_pick"], line["auto_strategy"]) == ("horovod_balanced", "horovod")
     assert line["goals"]["auto_picks_faster_to_accuracy"]["met"] is True
+    later = line["per_seed"][1]["strategies"]
+    assert line["auto_later_seconds_to_target"] == {n: later[n]["seconds_to_target_loss"]
+                                                    for n in ("horovod_balanced", "ps_async")}
+    assert line["auto_pick_regret"] == 0.0  # the pick is the faster over the later seed
 
     # every figure: its values seed by seed, their mean and sample standard deviation
     digits = {"samples_per_sec": 1, "holdout_accuracy": 4, "final_loss": 4, "train_seconds": 1,

@@ -151,6 +151,11 @@ def test_the_table_gives_mean_and_sd_and_the_goals(stats):
     assert "| each device alone | | fast 1 ± 0, slow 1 ± 0 | | | |" in text
     assert "| `async_accuracy_gap` <= 0.01 | 0.400 ± 0.000 | 0.400, 0.400 | **missed** |" in text
     assert "| `auto_picks_faster_to_accuracy` true | true | true | met |" in text
+    assert "auto_pick_regret" not in text  # no pick, no regret row
+    line.update(auto_pick="horovod_balanced", auto_pick_regret=0.0,
+                auto_later_seconds_to_target={"horovod_balanced": 12.0, "ps_async": None})
+    assert ("| `auto_pick_regret` (a figure) | 0.000 | later seeds' mean: horovod_balanced 12.00 s, "
+            "ps_async missed | |") in stats.table(line)
 
 
 def test_the_goals_are_met_on_the_means_and_a_null_misses(stats):
@@ -196,6 +201,29 @@ def test_auto_is_judged_by_who_reached_the_target_first_in_each_later_seed(stats
     assert undecided["all"] is None and [r["agrees"] for r in undecided["per_seed"]] == [True, None]
     assert stats.pick_agreement("ps_async", [], names) == {"per_seed": [], "all": None}  # no later seed
     assert stats.pick_agreement(None, seeds, names)["all"] is None  # no pick (--only left one out)
+
+
+def test_the_regret_of_autos_pick_is_its_mean_time_to_the_target_over_the_faster_ones(stats):
+    names = ["horovod_balanced", "ps_async"]
+
+    def later(seed, hvd, ps):
+        return {"seed": seed, "strategies": {"horovod_balanced": {"seconds_to_target_loss": hvd},
+                                             "ps_async": {"seconds_to_target_loss": ps}}}
+
+    # seeds 14-16 of bench/README.md: each configuration won one later seed, Horovod on average
+    seeds = [later(15, 48.1, 43.46), later(16, 49.38, 57.58)]
+    hvd = stats.pick_regret("horovod_balanced", seeds, names)
+    assert hvd == {"means": {"horovod_balanced": 48.74, "ps_async": 50.52}, "regret": 0.0}
+    assert stats.pick_agreement("horovod_balanced", seeds, names)["all"] is False  # the goal still misses
+    assert stats.pick_regret("ps_async", seeds, names)["regret"] == pytest.approx(50.52 / 48.74 - 1, abs=1e-4)
+    # a configuration that missed the target in a later seed has no mean: picked, it has no regret
+    # to give; not picked, it cannot be the faster on average
+    missed = stats.pick_regret("ps_async", [*seeds, later(17, 40.0, None)], names)
+    assert missed == {"means": {"horovod_balanced": 45.83, "ps_async": None}, "regret": None}
+    assert stats.pick_regret("horovod_balanced", [*seeds, later(17, 60.0, None)], names)["regret"] == 0.0
+    assert stats.pick_regret(None, seeds, names)["regret"] is None  # no pick
+    assert stats.pick_regret("ps_async", [], names) == {"means": {"horovod_balanced": None, "ps_async": None},
+                                                         "regret": None}
 
 
 @pytest.mark.trainer
