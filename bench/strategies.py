@@ -88,7 +88,8 @@ from strategies_stats import (  # noqa: E402
 
 from hetero import prepare  # noqa: E402
 from pipelines.errors import EXIT_DIVERGED  # noqa: E402
-from pipelines.launch.local import Profile, free_ports, launch, launch_ps  # noqa: E402
+from pipelines.launch.local import Profile, launch, launch_ps  # noqa: E402
+from pipelines.launch.ports import free_ports  # noqa: E402
 from pipelines.launch.tfconfig import cluster_spec  # noqa: E402
 from pipelines.models.evaluate import evaluate as holdout  # noqa: E402
 from pipelines.spec import TrainingSpec  # noqa: E402

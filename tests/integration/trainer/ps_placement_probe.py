@@ -16,7 +16,7 @@ import re
 import sys
 from pathlib import Path
 
-from pipelines.launch.local import free_ports
+from pipelines.launch.ports import free_ports
 
 # Every task's server runs in this process and shares its inter-op threads: with one per core on a
 # two-core machine, two workers' updates waiting on their receives take them all, and hang.

@@ -18,7 +18,8 @@ from conftest import assert_quota_enforced, require_cpu_quota, write_run
 from processes import signal_all
 
 from pipelines.core.stages import ps_command
-from pipelines.launch.local import Profile, free_ports, launch_ps
+from pipelines.launch.local import Profile, launch_ps
+from pipelines.launch.ports import free_ports
 from pipelines.launch.tfconfig import cluster_spec
 from pipelines.train.ps_clock import POLL_S
 
