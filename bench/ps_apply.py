@@ -38,7 +38,7 @@ sys.path.insert(0, str(ROOT))
 
 from pipelines.core.imports import load_tensorflow  # noqa: E402
 from pipelines.errors import EXIT_FAILED  # noqa: E402
-from pipelines.launch.local import free_ports  # noqa: E402
+from pipelines.launch.ports import free_ports  # noqa: E402
 from pipelines.launch.tfconfig import ENV  # noqa: E402
 
 WARMUP = 10
